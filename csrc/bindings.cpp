@@ -1,0 +1,26 @@
+// Registers the vllm_hybrid custom ops with the PyTorch dispatcher (torch.ops.vllm_hybrid.*).
+// The Python side (vllm_hybrid/ops/_loader.py) imports the extension module, which runs these
+// registrations; the schemas state which arguments are mutated (Tensor(a!)).
+#include <torch/extension.h>
+#include <torch/library.h>
+
+#include "ops.h"
+
+TORCH_LIBRARY(vllm_hybrid, m) {
+  m.def(
+      "ssd_scan_fwd(Tensor(a!) out, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, "
+      "Tensor? D, Tensor? z, Tensor? initial_states, Tensor cu_seqlens, "
+      "Tensor cu_chunk_seqlens, Tensor chunk_seq_idx) -> Tensor");
+  m.def(
+      "store_prefill_checkpoint(Tensor x, Tensor(a!) conv_state, Tensor chunk_states, "
+      "Tensor(b!) ssm_state, Tensor query_start_loc, Tensor checkpoint_offsets, "
+      "Tensor state_indices, Tensor chunk_idx, int state_len) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(vllm_hybrid, CPU, m) {
+  m.impl("ssd_scan_fwd", &vllm_hybrid::ssd_scan_fwd);
+  m.impl("store_prefill_checkpoint", &vllm_hybrid::store_prefill_checkpoint);
+}
+
+// An importable module so that `import vllm_hybrid._C` loads the library above.
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.doc() = "vllm-hybrid custom ops (CPU)"; }

