@@ -22,8 +22,11 @@ Engines need ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB) on CPU, see :data:`ENGINE_ENV`.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
+
+import torch
 
 from vllm_hybrid.testing.make_model import build_model
 
@@ -44,3 +47,17 @@ def tiny_model_dir(
     """Path of the tiny ``arch`` model under ``root``, building it on first use."""
     suffix = "" if dtype == "float32" else f"-{dtype}"
     return build_model(arch, Path(root) / f"{arch}-tiny-s{seed}{suffix}", "tiny", seed, dtype)
+
+
+def weights_digest(model_dir: str | os.PathLike[str]) -> str:
+    """SHA-256 over every tensor (name, dtype, shape, bytes) of the checkpoint's safetensors."""
+    from safetensors import safe_open
+
+    digest = hashlib.sha256()
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as handle:
+            for name in sorted(handle.keys()):
+                tensor = handle.get_tensor(name).contiguous()
+                digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+                digest.update(tensor.view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()

@@ -11,6 +11,7 @@ Special token ids are fixed: ``<|pad|>`` = 0, ``<|startoftext|>`` (bos) = 1, ``<
 
 from __future__ import annotations
 
+import functools
 import random
 from importlib import resources
 from pathlib import Path
@@ -84,8 +85,9 @@ def chat_template() -> str:
     return resources.files(__package__).joinpath("chat_template.jinja").read_text()
 
 
-def train_tokenizer(vocab_size: int, seed: int = 0) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE with exactly ``vocab_size`` tokens (specials included)."""
+@functools.lru_cache(maxsize=4)
+def _train_bpe_json(vocab_size: int, seed: int) -> str:
+    """The trained byte-level BPE, serialised (cached: training takes about a second)."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -98,6 +100,12 @@ def train_tokenizer(vocab_size: int, seed: int = 0) -> PreTrainedTokenizerFast:
     tok.train_from_iterator(make_corpus(seed), trainer=trainer)
     if tok.get_vocab_size() != vocab_size:
         raise RuntimeError(f"tokenizer has {tok.get_vocab_size()} tokens, wanted {vocab_size}")
+    return str(tok.to_str())
+
+
+def train_tokenizer(vocab_size: int, seed: int = 0) -> PreTrainedTokenizerFast:
+    """A byte-level BPE with exactly ``vocab_size`` tokens (specials included), chat-ready."""
+    tok = Tokenizer.from_str(_train_bpe_json(vocab_size, seed))
     wrapped = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=BOS,
