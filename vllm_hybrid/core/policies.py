@@ -1,0 +1,307 @@
+"""Admission + eviction policies: one small object each, pure functions of a node and the time.
+
+Baselines model real systems (see docs/policies.md for where each differs from the original):
+
+* ``vllm``      vLLM 0.32 align mode, retention interval 0: a state at the prompt's last block
+                boundary ``floor((len - 1) / B) * B`` and at block-floored shared-prefix junctions
+                (when the KV hit is longer than the state hit); per-block LRU on one pool.
+* ``lru-dense`` vLLM's dense mode: a state at every block boundary; per-block LRU.
+* ``sglang``    radix node = KV + state: a state at the exact end of each finished sequence,
+                none at split points (tombstones); separate LRU orders for states and KV leaves.
+* ``marconi``   states at speculative branch points and exact ends of turns; evicts leaves and
+                single-child nodes by ``recency / window + alpha * FLOP efficiency``.
+* ``flop``      ours: GreedyDual-Size-Frequency on FLOPs saved per byte (no tuned knob).
+
+Reference rows: ``infinite`` (dense states, never evicts) and ``belady`` (clairvoyant).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Hashable
+
+from vllm_hybrid.core.cost import CostModel
+from vllm_hybrid.core.node import Node
+from vllm_hybrid.core.policy import AdmitContext
+
+_NEVER = float("-inf")
+_DEPTH_SLOTS = float(1 << 22)  # tie-break room below one time step for LRU keys
+
+
+def _segment(node: Node) -> tuple[int, int]:
+    """(end of the nearest snapshot above ``node``, KV bytes freed with ``node``'s leaf chain).
+
+    The chain is ``node`` and the ancestors that would be left as dead leaves by its eviction:
+    those with no snapshot, no lock and no other child."""
+    chain_bytes, chain_open = node.kv_bytes, True
+    walk = node.parent
+    while walk is not None and walk.parent is not None and not walk.has_snapshot:
+        if chain_open and walk.n_children == 1 and not walk.refs:
+            chain_bytes += walk.kv_bytes
+        else:
+            chain_open = False
+        walk = walk.parent
+    return (walk.end_tokens if walk is not None else 0), chain_bytes
+
+
+class _Base:
+    """Defaults: never evict, no snapshots. Subclasses override what they model."""
+
+    name = "base"
+
+    def __init__(self, cost: CostModel) -> None:
+        self.cost = cost
+        self.block_tokens = cost.block_tokens
+
+    def kv_priority(self, node: Node, now: int) -> float | None:
+        return None
+
+    def snapshot_priority(self, node: Node, now: int) -> float | None:
+        return None
+
+    def on_evict(self, priority: float) -> None:
+        return None
+
+    def snapshot_positions(self, ctx: AdmitContext) -> list[int]:
+        return []
+
+    def observe(self, ctx: AdmitContext, hit_node: Node) -> None:
+        """Learn from a request's lookup (policy state only; the index is not touched)."""
+        return None
+
+
+def all_positions(ctx: AdmitContext) -> list[int]:
+    """Every block boundary of the cacheable content and its exact end."""
+    b = ctx.block_tokens
+    out = list(range(b, ctx.last_boundary_tokens + 1, b))
+    if ctx.cacheable_tokens % b:
+        out.append(ctx.cacheable_tokens)
+    return out
+
+
+class InfinitePolicy(_Base):
+    """Reference: a snapshot at every block boundary and exact end; with an unbounded budget."""
+
+    name = "infinite"
+
+    def snapshot_positions(self, ctx: AdmitContext) -> list[int]:
+        return all_positions(ctx)
+
+
+class VllmPolicy(_Base):
+    """vLLM 0.32 align mode (``prefix_cache_retention_interval=0``), per-block LRU."""
+
+    name = "vllm"
+
+    def kv_priority(self, node: Node, now: int) -> float | None:
+        # One free queue: least recently freed first; a request frees its tail first.
+        return node.last_access * _DEPTH_SLOTS - node.end_tokens / self.block_tokens
+
+    def snapshot_priority(self, node: Node, now: int) -> float | None:
+        return node.snap_access * _DEPTH_SLOTS - node.end_tokens / self.block_tokens
+
+    def snapshot_positions(self, ctx: AdmitContext) -> list[int]:
+        b = ctx.block_tokens
+        out = []
+        replay = (ctx.prompt_tokens - 1) // b * b
+        if replay > 0:
+            out.append(replay)
+        if ctx.kv_tokens > ctx.hit_tokens:  # junction, seen for the second time
+            out.append(ctx.kv_tokens)
+        return out
+
+
+class LruDensePolicy(VllmPolicy):
+    """vLLM's dense mode (no retention interval): a state at every block boundary, LRU."""
+
+    name = "lru-dense"
+
+    def snapshot_positions(self, ctx: AdmitContext) -> list[int]:
+        b = ctx.block_tokens
+        return list(range(b, ctx.last_boundary_tokens + 1, b))
+
+
+class SglangPolicy(_Base):
+    """SGLang MambaRadixCache: states at exact sequence ends; LRU over states and KV leaves."""
+
+    name = "sglang"
+
+    def kv_priority(self, node: Node, now: int) -> float | None:
+        return float(node.last_access) if node.is_leaf else None
+
+    def snapshot_priority(self, node: Node, now: int) -> float | None:
+        return None if node.is_leaf else float(node.snap_access)
+
+    def snapshot_positions(self, ctx: AdmitContext) -> list[int]:
+        return [ctx.cacheable_tokens]
+
+
+class MarconiPolicy(_Base):
+    """Marconi: branch-point + end-of-turn states; utility = recency + alpha * FLOPs/byte."""
+
+    name = "marconi"
+
+    def __init__(self, cost: CostModel, alpha: float = 1.0, window: int = 500) -> None:
+        super().__init__(cost)
+        self.alpha = alpha
+        self.window = window
+        ref_tokens = 4096  # efficiency of a 4k-token segment with its state: the unit scale
+        ref_bytes = ref_tokens * cost.kv_bytes_per_token + cost.snapshot_bytes
+        self.eff_ref = cost.span_flops(0, ref_tokens) / max(ref_bytes, 1)
+
+    def _utility(self, node: Node, saved_flops: float, freed_bytes: int) -> float:
+        efficiency = saved_flops / max(freed_bytes, 1) / self.eff_ref
+        return node.last_access / self.window + self.alpha * efficiency
+
+    def kv_priority(self, node: Node, now: int) -> float | None:
+        if not node.is_leaf:
+            return None
+        if not node.has_snapshot:
+            return _NEVER  # dead tail of an evicted radix node: goes with it
+        prev_end, chain_bytes = _segment(node)
+        saved = self.cost.span_flops(prev_end, node.end_tokens)
+        return self._utility(node, saved, chain_bytes + self.cost.snapshot_bytes)
+
+    def snapshot_priority(self, node: Node, now: int) -> float | None:
+        if node.n_children != 1:
+            return None  # leaves go with their KV; branch points are kept
+        prev_end, _ = _segment(node)
+        saved = self.cost.span_flops(prev_end, node.end_tokens)
+        return self._utility(node, saved, self.cost.snapshot_bytes)  # only the state is freed
+
+    def snapshot_positions(self, ctx: AdmitContext) -> list[int]:
+        out = [ctx.cacheable_tokens]
+        if ctx.kv_tokens > ctx.hit_tokens and ctx.kv_tip_branches:
+            out.append(ctx.kv_tokens)  # speculative insertion found a branch point
+        return out
+
+
+class FlopPolicy(_Base):
+    """Ours: GreedyDual-Size-Frequency on FLOPs saved per byte held.
+
+    ``priority = clock + freq * saved_flops / bytes``; ``clock`` is the priority of the last
+    evicted entry, so entries not used for a while fall below newly used ones (aging) with no
+    tuned weight. ``saved_flops`` is the prefill a hit here saves over the next snapshot above.
+    """
+
+    name = "flop"
+
+    def __init__(self, cost: CostModel, overhead: float = 0.25) -> None:
+        super().__init__(cost)
+        self.clock = 0.0
+        # Sparse checkpoints: one state per interval whose KV is 1/overhead times the state, so
+        # the states of a path cost at most ``overhead`` of its KV; a divergence then loses at
+        # most one interval of recompute.
+        snap_tokens = cost.snapshot_bytes / max(cost.kv_bytes_per_token, 1)
+        blocks = max(1, round(snap_tokens / overhead / self.block_tokens))
+        self.interval_tokens = blocks * self.block_tokens
+        # Reuse learned online per request class (0: missed, 1: resumed from a hit): how often
+        # content a request of that class inserted was later resumed from (Laplace-smoothed).
+        self._class_of: dict[int, int] = {}
+        self._inserted = [0, 0]
+        self._reused = [0, 0]
+        self._reused_origins: set[int] = set()
+
+    def observe(self, ctx: AdmitContext, hit_node: Node) -> None:
+        origin = hit_node.origin
+        if ctx.hit_tokens and origin in self._class_of and origin not in self._reused_origins:
+            self._reused_origins.add(origin)
+            self._reused[self._class_of[origin]] += 1
+        if ctx.cacheable_tokens > ctx.kv_tokens:
+            cls = int(ctx.hit_tokens > 0)
+            self._class_of[ctx.request_index] = cls
+            self._inserted[cls] += 1
+
+    def reuse_probability(self, node: Node) -> float:
+        """1 once the node was resumed from; else the learned rate of its inserter's class."""
+        if node.snap_hits or node.origin not in self._class_of:
+            return 1.0
+        cls = self._class_of[node.origin]
+        return (self._reused[cls] + 1) / (self._inserted[cls] + 2)
+
+    def on_evict(self, priority: float) -> None:
+        self.clock = max(self.clock, priority)
+
+    def kv_priority(self, node: Node, now: int) -> float | None:
+        if not node.is_leaf:
+            return None
+        if not node.has_snapshot:
+            return self.clock  # dead KV: saves nothing
+        prev_end, chain_bytes = _segment(node)
+        saved = self.cost.span_flops(prev_end, node.end_tokens)
+        freq = (node.snap_hits + 1) * self.reuse_probability(node)
+        return self.clock + freq * saved / (chain_bytes + self.cost.snapshot_bytes)
+
+    def snapshot_priority(self, node: Node, now: int) -> float | None:
+        if node.is_leaf:
+            return None
+        prev_end, _ = _segment(node)
+        saved = self.cost.span_flops(prev_end, node.end_tokens)
+        freq = (node.snap_hits + 1) * self.reuse_probability(node)
+        return self.clock + freq * saved / max(self.cost.snapshot_bytes, 1)
+
+    def snapshot_positions(self, ctx: AdmitContext) -> list[int]:
+        out = ctx.end_positions()
+        if ctx.kv_tokens > ctx.hit_tokens:
+            out.append(ctx.kv_tokens)
+        step = self.interval_tokens
+        first = (ctx.kv_tokens // step + 1) * step
+        out.extend(range(first, ctx.cacheable_tokens + 1, step))
+        return out
+
+
+class BeladyOracle:
+    """Future uses per key, from an unbounded replay: request indices, ascending."""
+
+    def __init__(self) -> None:
+        self.kv_uses: dict[Hashable, list[int]] = {}
+        self.snap_uses: dict[Hashable, list[int]] = {}
+
+    def record(self, request_index: int, path_keys: list[Hashable], target: Hashable) -> None:
+        for key in path_keys:
+            self.kv_uses.setdefault(key, []).append(request_index)
+        if target is not None:
+            self.snap_uses.setdefault(target, []).append(request_index)
+
+    @staticmethod
+    def next_use(uses: list[int] | None, now: int) -> float:
+        if not uses:
+            return float("inf")
+        i = bisect.bisect_right(uses, now)
+        return float(uses[i]) if i < len(uses) else float("inf")
+
+
+class BeladyPolicy(_Base):
+    """Clairvoyant reference: snapshots only where a later request will resume, and evict what
+    is used farthest in the future (never-used first). Not an exact optimum for prefix trees."""
+
+    name = "belady"
+
+    def __init__(self, cost: CostModel, oracle: BeladyOracle) -> None:
+        super().__init__(cost)
+        self.oracle = oracle
+
+    def kv_priority(self, node: Node, now: int) -> float | None:
+        if not node.is_leaf:
+            return None
+        partial = node.n_tokens != self.block_tokens
+        table = self.oracle.snap_uses if partial else self.oracle.kv_uses
+        return -self.oracle.next_use(table.get(node.key), now)
+
+    def snapshot_priority(self, node: Node, now: int) -> float | None:
+        if node.is_leaf:
+            return None
+        return -self.oracle.next_use(self.oracle.snap_uses.get(node.key), now)
+
+    def snapshot_positions(self, ctx: AdmitContext) -> list[int]:
+        now, uses = ctx.request_index, self.oracle.snap_uses
+        return [
+            p for p in all_positions(ctx)
+            if self.oracle.next_use(uses.get(ctx.key_at(p)), now) != float("inf")
+        ]
+
+
+#: Online policies selectable by name (the reference rows are built by the simulator).
+POLICIES: dict[str, type[_Base]] = {
+    p.name: p for p in (VllmPolicy, LruDensePolicy, SglangPolicy, MarconiPolicy, FlopPolicy)
+}

@@ -1,0 +1,67 @@
+"""The policy contract: pure functions of a node (and the time) that the index ranks by.
+
+A policy never touches the index or a pool. It answers three questions:
+
+* :meth:`EvictionPolicy.kv_priority`: may this node's KV (with its subtree) be evicted, and how
+  soon? Lower is evicted first; ``None`` means "not a candidate now" (e.g. interior nodes for
+  leaf-only policies). The index re-asks whenever the node changes.
+* :meth:`EvictionPolicy.snapshot_priority`: the same for the snapshot alone (the KV stays).
+* :meth:`AdmissionPolicy.snapshot_positions`: where a request should leave state snapshots.
+
+A priority computed at one time must stay comparable with priorities computed later for other
+nodes, because the index keeps them in one heap (GreedyDual-style clocks do this by design).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Protocol
+
+from vllm_hybrid.core.node import Node
+
+
+class EvictionPolicy(Protocol):
+    def kv_priority(self, node: Node, now: int) -> float | None: ...
+
+    def snapshot_priority(self, node: Node, now: int) -> float | None: ...
+
+    def on_evict(self, priority: float) -> None: ...
+
+
+@dataclass(frozen=True)
+class AdmitContext:
+    """What a request's admission decision may look at (all positions in tokens).
+
+    ``cacheable_tokens`` is how much of the request's sequence leaves KV behind (the prompt, plus
+    the output where a later turn is known to extend it); ``exact_end`` says whether a partial
+    last block can be matched later (its content is known). ``kv_tokens`` is the longest cached
+    KV prefix before this request (block aligned), ``hit_tokens`` the snapshot it resumed from,
+    ``kv_tip_branches`` whether cached paths continue past ``kv_tokens`` (a branch point).
+    """
+
+    request_index: int
+    prompt_tokens: int
+    cacheable_tokens: int
+    hit_tokens: int
+    kv_tokens: int
+    kv_tip_branches: bool
+    block_tokens: int
+    exact_end: bool
+    key_at: Callable[[int], Hashable]
+
+    @property
+    def last_boundary_tokens(self) -> int:
+        """Last block boundary inside the cacheable content."""
+        return self.cacheable_tokens // self.block_tokens * self.block_tokens
+
+    def end_positions(self) -> list[int]:
+        """The exact end when it can be matched later, else its block-floored boundary."""
+        end = self.cacheable_tokens
+        if self.exact_end or end % self.block_tokens == 0:
+            return [end]
+        return [self.last_boundary_tokens] if self.last_boundary_tokens else []
+
+
+class AdmissionPolicy(Protocol):
+    def snapshot_positions(self, ctx: AdmitContext) -> list[int]: ...

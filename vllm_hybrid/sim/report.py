@@ -1,0 +1,131 @@
+"""Tables (text and markdown), JSON and the PNG plot of simulation results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from vllm_hybrid.sim.replay import RunStats
+from vllm_hybrid.sim.runner import Results
+
+BASELINES = ("vllm", "lru-dense", "sglang", "marconi")
+GB = 1e9
+
+
+def headroom_closed(row: dict[str, RunStats], ours: str = "flop") -> float | None:
+    """(ours - best baseline) / (belady - best baseline) in FLOPs saved; None if undefined."""
+    base = [row[b].flops_saved_rate for b in BASELINES if b in row]
+    if ours not in row or not base or "belady" not in row:
+        return None
+    best = max(base)
+    room = row["belady"].flops_saved_rate - best
+    if room <= 1e-12:
+        return None
+    return (row[ours].flops_saved_rate - best) / room
+
+
+def _row_cells(name: str, s: RunStats) -> list[str]:
+    return [
+        name,
+        f"{100 * s.token_hit_rate:.1f}%",
+        f"{100 * s.flops_saved_rate:.1f}%",
+        f"{100 * s.state_hit_rate:.1f}%",
+        f"{s.snapshots_taken}/{s.snapshots_kept}",
+        f"{s.evicted_kv_blocks}/{s.evicted_snapshots}",
+        f"{s.peak_bytes / GB:.2f}/{s.budget_bytes / GB:.4g}" if s.budget_bytes < 1 << 61
+        else f"{s.peak_bytes / GB:.0f}/inf",
+    ]
+
+
+HEADER = ["policy", "token hit", "FLOPs saved", "state hit", "snaps taken/kept",
+          "evicted kv/snap", "peak/budget GB"]
+
+
+def _table_rows(res: Results) -> list[tuple[str, list[list[str]], str]]:
+    out = []
+    for budget, row in res.rows.items():
+        cells = [_row_cells(n, s) for n, s in row.items()]
+        cells.append(_row_cells("infinite", res.infinite))
+        closed = headroom_closed(row)
+        best = max((row[b].flops_saved_rate for b in BASELINES if b in row), default=0.0)
+        note = f"budget {budget / GB:g} GB"
+        if "flop" in row and best > 0:
+            note += f"; flop / best baseline = {row['flop'].flops_saved_rate / best:.2f}x"
+        if closed is not None:
+            note += f"; headroom to Belady closed: {100 * closed:.0f}%"
+        if budget in res.marconi_alpha:
+            note += f"; marconi alpha = {res.marconi_alpha[budget]:g}"
+        out.append((note, cells, ""))
+    return out
+
+
+def format_text(res: Results) -> str:
+    lines = [f"== {res.workload} | {res.shape} | {res.block_tokens}-token blocks =="]
+    for note, cells, _ in _table_rows(res):
+        widths = [max(len(r[i]) for r in [HEADER, *cells]) for i in range(len(HEADER))]
+        lines.append(note)
+        for r in [HEADER, *cells]:
+            lines.append("  ".join(c.rjust(w) if i else c.ljust(w)
+                                   for i, (c, w) in enumerate(zip(r, widths, strict=True))))
+        lines.append("")
+    return "\n".join(lines)
+
+
+def format_markdown(res: Results) -> str:
+    lines = [f"#### {res.workload}, {res.shape}, {res.block_tokens}-token blocks", ""]
+    for note, cells, _ in _table_rows(res):
+        lines += [f"*{note}*", "", "| " + " | ".join(HEADER) + " |",
+                  "|" + "---|" * len(HEADER)]
+        lines += ["| " + " | ".join(r) + " |" for r in cells]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def to_json(res: Results) -> dict[str, Any]:
+    return {
+        "workload": res.workload,
+        "shape": res.shape,
+        "block_tokens": res.block_tokens,
+        "infinite": res.infinite.to_dict(),
+        "marconi_alpha": {str(b): a for b, a in res.marconi_alpha.items()},
+        "budgets": {
+            str(b): {"rows": {n: s.to_dict() for n, s in row.items()},
+                     "headroom_closed": headroom_closed(row)}
+            for b, row in res.rows.items()
+        },
+    }
+
+
+def write_json(res: Results, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(to_json(res), indent=2) + "\n")
+
+
+def write_plot(res: Results, path: str | Path) -> None:
+    """Token hit rate and FLOPs saved vs budget per policy; needs matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise RuntimeError("the plot needs matplotlib: pip install matplotlib") from exc
+    budgets = sorted(res.rows)
+    names = list(res.rows[budgets[0]])
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, attr, title in ((axes[0], "token_hit_rate", "token hit rate"),
+                            (axes[1], "flops_saved_rate", "prefill FLOPs saved")):
+        for n in names:
+            ys = [100 * getattr(res.rows[b][n], attr) for b in budgets]
+            ax.plot([b / GB for b in budgets], ys, marker="o", label=n,
+                    linestyle="--" if n == "belady" else "-")
+        ax.axhline(100 * getattr(res.infinite, attr), color="gray", linestyle=":",
+                   label="infinite")
+        ax.set_xscale("log")
+        ax.set_xlabel("budget (GB, KV + snapshots)")
+        ax.set_ylabel(f"{title} (%)")
+        ax.set_title(f"{res.workload} / {res.shape}")
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,96 @@
+"""Runs a set of policies at a set of budgets on one workload, with the two reference rows.
+
+The infinite-cache run comes first: it gives the bound and records, for the clairvoyant Belady
+reference, which request uses which block and which snapshot. ``marconi`` has its alpha tuned by
+replaying the first window of the workload at the same budget (as the paper does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from vllm_hybrid.core.cost import CostModel
+from vllm_hybrid.core.policies import (
+    POLICIES,
+    BeladyOracle,
+    BeladyPolicy,
+    InfinitePolicy,
+    MarconiPolicy,
+)
+from vllm_hybrid.sim.replay import ProgressFn, RunStats, replay
+from vllm_hybrid.sim.trace import KeyedRequest, SimRequest
+
+MARCONI_ALPHAS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+UNBOUNDED_BYTES = 1 << 62
+
+
+class UnknownPolicyError(ValueError):
+    """A policy name that is not one of :data:`POLICIES`."""
+
+
+def check_policies(names: Sequence[str]) -> list[str]:
+    bad = [n for n in names if n not in POLICIES]
+    if bad:
+        raise UnknownPolicyError(
+            f"unknown policy {', '.join(map(repr, bad))}; known: {', '.join(POLICIES)}"
+        )
+    return list(names)
+
+
+@dataclass
+class Results:
+    """All rows of one workload: ``rows[budget_bytes][policy]``, plus the infinite bound."""
+
+    workload: str
+    shape: str
+    block_tokens: int
+    infinite: RunStats
+    rows: dict[int, dict[str, RunStats]] = field(default_factory=dict)
+    marconi_alpha: dict[int, float] = field(default_factory=dict)
+
+
+def tune_marconi_alpha(keyed: Sequence[KeyedRequest], cost: CostModel, budget_bytes: int,
+                       window: int) -> float:
+    """The alpha of the grid that saves the most FLOPs on the first ``window`` requests."""
+    head = keyed[:window]
+    scores = [(replay(head, cost, MarconiPolicy(cost, a, window), budget_bytes).flops_saved, -a)
+              for a in MARCONI_ALPHAS]
+    return -max(scores)[1]
+
+
+def _make(name: str, cost: CostModel, alpha: float, window: int) -> object:
+    if name == "marconi":
+        return MarconiPolicy(cost, alpha, window)
+    return POLICIES[name](cost)
+
+
+def run_all(
+    requests: Sequence[SimRequest],
+    cost: CostModel,
+    budgets_bytes: Sequence[int],
+    policies: Sequence[str],
+    *,
+    workload: str = "",
+    progress: Callable[[str], ProgressFn | None] = lambda _: None,
+) -> Results:
+    """Infinite bound, then every policy and Belady at every budget."""
+    keyed = [KeyedRequest(r, cost.block_tokens) for r in requests]
+    oracle = BeladyOracle()
+    inf = replay(keyed, cost, InfinitePolicy(cost), UNBOUNDED_BYTES, oracle=oracle,
+                 progress=progress("infinite"))
+    res = Results(workload, cost.shape.name, cost.block_tokens, inf)
+    window = max(50, len(keyed) // 10)
+    for budget in budgets_bytes:
+        row: dict[str, RunStats] = {}
+        alpha = 1.0
+        if "marconi" in policies:
+            alpha = tune_marconi_alpha(keyed, cost, budget, window)
+            res.marconi_alpha[budget] = alpha
+        for name in policies:
+            pol = _make(name, cost, alpha, window)
+            row[name] = replay(keyed, cost, pol, budget, progress=progress(name))
+        row["belady"] = replay(keyed, cost, BeladyPolicy(cost, oracle), budget,
+                               progress=progress("belady"))
+        res.rows[budget] = row
+    return res
