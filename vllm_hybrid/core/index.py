@@ -58,6 +58,7 @@ class PrefixIndex:
         snapshot_bytes: int,
         budget_bytes: int,
         policy: EvictionPolicy,
+        record_evictions: bool = False,
     ) -> None:
         if block_tokens <= 0 or budget_bytes < 0 or kv_bytes_per_token < 0 or snapshot_bytes < 0:
             raise ValueError("block_tokens must be > 0 and byte sizes >= 0")
@@ -79,6 +80,7 @@ class PrefixIndex:
         self._handles: set[LockHandle] = set()
         self._heap: list[tuple[float, int, int, Node, int]] = []
         self._seq = 0
+        self._log: Eviction | None = Eviction() if record_evictions else None
 
     # ----------------------------------------------------------------- queries
     @property
@@ -120,8 +122,9 @@ class PrefixIndex:
                     break
                 if end > max_tokens:
                     continue
-                hit = node.partials[n_tokens].get(probe(node.end_tokens // self.block_tokens,
-                                                        n_tokens))
+                hit = node.partials[n_tokens].get(
+                    probe(node.end_tokens // self.block_tokens, n_tokens)
+                )
                 if hit is not None:
                     best = hit
                     break
@@ -179,8 +182,13 @@ class PrefixIndex:
                 raise ValueError(f"key {key!r} already cached elsewhere in the tree")
             if not self._make_room(self.kv_bytes_per_block):
                 return None
-            child = Node(key, parent, parent.end_tokens, parent.end_tokens + self.block_tokens,
-                         self.kv_bytes_per_block)
+            child = Node(
+                key,
+                parent,
+                parent.end_tokens,
+                parent.end_tokens + self.block_tokens,
+                self.kv_bytes_per_block,
+            )
             child.origin = origin
             parent.children[key] = child
             self._by_key[key] = child
@@ -223,8 +231,13 @@ class PrefixIndex:
         need = n_tokens * self.kv_bytes_per_token + self.snapshot_bytes
         if not self._make_room(need):
             return None
-        node = Node(key, parent, parent.end_tokens, parent.end_tokens + n_tokens,
-                    n_tokens * self.kv_bytes_per_token)
+        node = Node(
+            key,
+            parent,
+            parent.end_tokens,
+            parent.end_tokens + n_tokens,
+            n_tokens * self.kv_bytes_per_token,
+        )
         node.has_snapshot = True
         node.origin = origin
         node.last_access = node.snap_access = now
@@ -236,6 +249,14 @@ class PrefixIndex:
         self._refresh(parent)
         self._refresh(node)
         return node
+
+    def pop_evictions(self) -> Eviction:
+        """Everything evicted since the last call, including evictions made inside
+        :meth:`insert_block` and the admits (needs ``record_evictions=True``)."""
+        if self._log is None:
+            raise ValueError("construct the index with record_evictions=True")
+        out, self._log = self._log, Eviction()
+        return out
 
     def evict(self, bytes_needed: int) -> Eviction:
         """Evict by policy priority until ``free_bytes >= bytes_needed`` or nothing evictable
@@ -251,6 +272,10 @@ class PrefixIndex:
                 self._drop_snapshot(node, out)
             else:
                 self._evict_subtree(node, out)
+        if self._log is not None:
+            self._log.kv_keys += out.kv_keys
+            self._log.snapshot_keys += out.snapshot_keys
+            self._log.freed_bytes += out.freed_bytes
         return out
 
     # ----------------------------------------------------------------- internals

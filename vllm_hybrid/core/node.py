@@ -79,7 +79,9 @@ class Node:
 
     def __repr__(self) -> str:
         snap = "+S" if self.has_snapshot else ""
-        return f"Node({self.key!r}, [{self.start_tokens},{self.end_tokens}){snap}, refs={self.refs})"
+        return (
+            f"Node({self.key!r}, [{self.start_tokens},{self.end_tokens}){snap}, refs={self.refs})"
+        )
 
 
 @dataclass

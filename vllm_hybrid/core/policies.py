@@ -296,7 +296,8 @@ class BeladyPolicy(_Base):
     def snapshot_positions(self, ctx: AdmitContext) -> list[int]:
         now, uses = ctx.request_index, self.oracle.snap_uses
         return [
-            p for p in all_positions(ctx)
+            p
+            for p in all_positions(ctx)
             if self.oracle.next_use(uses.get(ctx.key_at(p)), now) != float("inf")
         ]
 

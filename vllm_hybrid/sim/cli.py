@@ -23,16 +23,24 @@ from vllm_hybrid.sim.trace import SimRequest, TraceError, load_mooncake
 
 def add_simulate_parser(subparsers: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subparsers.add_parser(
-        "simulate", help="replay a trace against hybrid prefix-cache policies",
+        "simulate",
+        help="replay a trace against hybrid prefix-cache policies",
         description="Replay a Mooncake JSONL trace or a generated workload (gen:chat, "
         "gen:docqa, gen:agent) against each policy at each budget, with the infinite-cache "
-        "bound and a clairvoyant Belady reference.")
+        "bound and a clairvoyant Belady reference.",
+    )
     p.add_argument("--trace", required=True, help="PATH to a Mooncake JSONL trace or gen:NAME")
-    p.add_argument("--model", default="zamba2-7b",
-                   help=f"shape name ({', '.join(builtin_shape_names())}) or a JSON file")
+    p.add_argument(
+        "--model",
+        default="zamba2-7b",
+        help=f"shape name ({', '.join(builtin_shape_names())}) or a JSON file",
+    )
     p.add_argument("--budget-gb", default="1,2,4,8", help="comma-separated budgets in GB")
-    p.add_argument("--policies", default=",".join(POLICIES),
-                   help=f"comma-separated, from: {', '.join(POLICIES)}")
+    p.add_argument(
+        "--policies",
+        default=",".join(POLICIES),
+        help=f"comma-separated, from: {', '.join(POLICIES)}",
+    )
     p.add_argument("--block-tokens", type=int, default=64)
     p.add_argument("--limit", type=int, default=None, help="only the first N requests")
     p.add_argument("--seed", type=int, default=0, help="seed for gen: workloads")

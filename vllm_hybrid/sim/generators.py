@@ -70,7 +70,9 @@ def gen_docqa(n_requests: int = 1500, seed: int = 0) -> list[SimRequest]:
     while len(reqs) < n_requests:
         t += rng.expovariate(1.0 / 1000.0)
         doc = docs[_zipf_pick(rng, len(docs), 0.9)]
-        turns = [(rng.randint(20, 200), rng.randint(50, 300)) for _ in range(rng.choice([1, 1, 2, 3]))]
+        turns = [
+            (rng.randint(20, 200), rng.randint(50, 300)) for _ in range(rng.choice([1, 1, 2, 3]))
+        ]
         reqs += _session(rng, ids, t, [*system, doc], turns, 20_000.0)
     return sorted(reqs, key=lambda r: r.arrival_ms)[:n_requests]
 
@@ -85,8 +87,9 @@ def gen_agent(n_sessions: int = 150, seed: int = 0) -> list[SimRequest]:
     for _ in range(n_sessions):
         t += rng.expovariate(1.0 / 4000.0)
         steps = rng.randint(4, 16)
-        turns = [(min(4000, 200 + rng.randint(0, 300) * k), rng.randint(40, 200))
-                 for k in range(steps)]
+        turns = [
+            (min(4000, 200 + rng.randint(0, 300) * k), rng.randint(40, 200)) for k in range(steps)
+        ]
         task = [*systems[_zipf_pick(rng, 3)], (ids.new(), rng.randint(100, 600))]
         reqs += _session(rng, ids, t, task, turns, 3_000.0)
     return sorted(reqs, key=lambda r: r.arrival_ms)

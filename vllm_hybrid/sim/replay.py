@@ -56,8 +56,11 @@ class RunStats:
 
     def to_dict(self) -> dict[str, float | int | str]:
         out: dict[str, float | int | str] = dict(asdict(self))
-        out.update(token_hit_rate=self.token_hit_rate, flops_saved_rate=self.flops_saved_rate,
-                   state_hit_rate=self.state_hit_rate)
+        out.update(
+            token_hit_rate=self.token_hit_rate,
+            flops_saved_rate=self.flops_saved_rate,
+            state_hit_rate=self.state_hit_rate,
+        )
         return out
 
 
@@ -65,8 +68,9 @@ class BudgetViolation(RuntimeError):
     """The loop saw more bytes held than the budget (a policy or index bug)."""
 
 
-def _commit(index: PrefixIndex, kr: KeyedRequest, m: Match, h: LockHandle,
-            positions: list[int], t: int) -> None:
+def _commit(
+    index: PrefixIndex, kr: KeyedRequest, m: Match, h: LockHandle, positions: list[int], t: int
+) -> None:
     b = index.block_tokens
     wanted = set(positions)
     for pos in sorted(p for p in wanted if p % b == 0 and 0 < p <= m.kv_tokens):
@@ -83,8 +87,15 @@ def _commit(index: PrefixIndex, kr: KeyedRequest, m: Match, h: LockHandle,
         index.admit_partial(h, tail, end % b, t, origin=t)
 
 
-def _serve(index: PrefixIndex, policy: object, cost: CostModel, kr: KeyedRequest, t: int,
-           stats: RunStats, oracle: BeladyOracle | None) -> None:
+def _serve(
+    index: PrefixIndex,
+    policy: object,
+    cost: CostModel,
+    kr: KeyedRequest,
+    t: int,
+    stats: RunStats,
+    oracle: BeladyOracle | None,
+) -> None:
     req = kr.req
     index.now = t
     m = index.match(kr.keys, req.prompt_tokens - 1, kr.probe)
@@ -100,8 +111,17 @@ def _serve(index: PrefixIndex, policy: object, cost: CostModel, kr: KeyedRequest
     tip = m.kv_nodes[-1] if m.kv_nodes else index.root
     h = index.lock(tip)
     index.touch(m, t)
-    ctx = AdmitContext(t, req.prompt_tokens, req.cacheable_tokens, m.hit_tokens, m.kv_tokens,
-                       not tip.is_leaf, index.block_tokens, req.exact_end, kr.key_at)
+    ctx = AdmitContext(
+        t,
+        req.prompt_tokens,
+        req.cacheable_tokens,
+        m.hit_tokens,
+        m.kv_tokens,
+        not tip.is_leaf,
+        index.block_tokens,
+        req.exact_end,
+        kr.key_at,
+    )
     policy.observe(ctx, m.hit_node)  # type: ignore[attr-defined]
     positions = policy.snapshot_positions(ctx)  # type: ignore[attr-defined]
     _commit(index, kr, m, h, positions, t)
@@ -121,9 +141,13 @@ def replay(
 ) -> RunStats:
     """Replay ``requests``; ``oracle`` (if given) records future uses for a Belady run;
     ``check_every`` > 0 runs ``check_integrity()`` every that many requests (slow)."""
-    index = PrefixIndex(block_tokens=cost.block_tokens, kv_bytes_per_token=cost.kv_bytes_per_token,
-                        snapshot_bytes=cost.snapshot_bytes, budget_bytes=budget_bytes,
-                        policy=policy)  # type: ignore[arg-type]
+    index = PrefixIndex(
+        block_tokens=cost.block_tokens,
+        kv_bytes_per_token=cost.kv_bytes_per_token,
+        snapshot_bytes=cost.snapshot_bytes,
+        budget_bytes=budget_bytes,
+        policy=policy,
+    )  # type: ignore[arg-type]
     stats = RunStats(name or getattr(policy, "name", "?"), budget_bytes)
     started = time.perf_counter()
     for t, kr in enumerate(requests):

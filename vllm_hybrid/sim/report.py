@@ -33,13 +33,21 @@ def _row_cells(name: str, s: RunStats) -> list[str]:
         f"{100 * s.state_hit_rate:.1f}%",
         f"{s.snapshots_taken}/{s.snapshots_kept}",
         f"{s.evicted_kv_blocks}/{s.evicted_snapshots}",
-        f"{s.peak_bytes / GB:.2f}/{s.budget_bytes / GB:.4g}" if s.budget_bytes < 1 << 61
+        f"{s.peak_bytes / GB:.2f}/{s.budget_bytes / GB:.4g}"
+        if s.budget_bytes < 1 << 61
         else f"{s.peak_bytes / GB:.0f}/inf",
     ]
 
 
-HEADER = ["policy", "token hit", "FLOPs saved", "state hit", "snaps taken/kept",
-          "evicted kv/snap", "peak/budget GB"]
+HEADER = [
+    "policy",
+    "token hit",
+    "FLOPs saved",
+    "state hit",
+    "snaps taken/kept",
+    "evicted kv/snap",
+    "peak/budget GB",
+]
 
 
 def _table_rows(res: Results) -> list[tuple[str, list[list[str]], str]]:
@@ -66,8 +74,12 @@ def format_text(res: Results) -> str:
         widths = [max(len(r[i]) for r in [HEADER, *cells]) for i in range(len(HEADER))]
         lines.append(note)
         for r in [HEADER, *cells]:
-            lines.append("  ".join(c.rjust(w) if i else c.ljust(w)
-                                   for i, (c, w) in enumerate(zip(r, widths, strict=True))))
+            lines.append(
+                "  ".join(
+                    c.rjust(w) if i else c.ljust(w)
+                    for i, (c, w) in enumerate(zip(r, widths, strict=True))
+                )
+            )
         lines.append("")
     return "\n".join(lines)
 
@@ -75,8 +87,7 @@ def format_text(res: Results) -> str:
 def format_markdown(res: Results) -> str:
     lines = [f"#### {res.workload}, {res.shape}, {res.block_tokens}-token blocks", ""]
     for note, cells, _ in _table_rows(res):
-        lines += [f"*{note}*", "", "| " + " | ".join(HEADER) + " |",
-                  "|" + "---|" * len(HEADER)]
+        lines += [f"*{note}*", "", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
         lines += ["| " + " | ".join(r) + " |" for r in cells]
         lines.append("")
     return "\n".join(lines)
@@ -90,8 +101,10 @@ def to_json(res: Results) -> dict[str, Any]:
         "infinite": res.infinite.to_dict(),
         "marconi_alpha": {str(b): a for b, a in res.marconi_alpha.items()},
         "budgets": {
-            str(b): {"rows": {n: s.to_dict() for n, s in row.items()},
-                     "headroom_closed": headroom_closed(row)}
+            str(b): {
+                "rows": {n: s.to_dict() for n, s in row.items()},
+                "headroom_closed": headroom_closed(row),
+            }
             for b, row in res.rows.items()
         },
     }
@@ -113,14 +126,20 @@ def write_plot(res: Results, path: str | Path) -> None:
     budgets = sorted(res.rows)
     names = list(res.rows[budgets[0]])
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, attr, title in ((axes[0], "token_hit_rate", "token hit rate"),
-                            (axes[1], "flops_saved_rate", "prefill FLOPs saved")):
+    for ax, attr, title in (
+        (axes[0], "token_hit_rate", "token hit rate"),
+        (axes[1], "flops_saved_rate", "prefill FLOPs saved"),
+    ):
         for n in names:
             ys = [100 * getattr(res.rows[b][n], attr) for b in budgets]
-            ax.plot([b / GB for b in budgets], ys, marker="o", label=n,
-                    linestyle="--" if n == "belady" else "-")
-        ax.axhline(100 * getattr(res.infinite, attr), color="gray", linestyle=":",
-                   label="infinite")
+            ax.plot(
+                [b / GB for b in budgets],
+                ys,
+                marker="o",
+                label=n,
+                linestyle="--" if n == "belady" else "-",
+            )
+        ax.axhline(100 * getattr(res.infinite, attr), color="gray", linestyle=":", label="infinite")
         ax.set_xscale("log")
         ax.set_xlabel("budget (GB, KV + snapshots)")
         ax.set_ylabel(f"{title} (%)")

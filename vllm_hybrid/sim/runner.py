@@ -50,12 +50,15 @@ class Results:
     marconi_alpha: dict[int, float] = field(default_factory=dict)
 
 
-def tune_marconi_alpha(keyed: Sequence[KeyedRequest], cost: CostModel, budget_bytes: int,
-                       window: int) -> float:
+def tune_marconi_alpha(
+    keyed: Sequence[KeyedRequest], cost: CostModel, budget_bytes: int, window: int
+) -> float:
     """The alpha of the grid that saves the most FLOPs on the first ``window`` requests."""
     head = keyed[:window]
-    scores = [(replay(head, cost, MarconiPolicy(cost, a, window), budget_bytes).flops_saved, -a)
-              for a in MARCONI_ALPHAS]
+    scores = [
+        (replay(head, cost, MarconiPolicy(cost, a, window), budget_bytes).flops_saved, -a)
+        for a in MARCONI_ALPHAS
+    ]
     return -max(scores)[1]
 
 
@@ -77,8 +80,14 @@ def run_all(
     """Infinite bound, then every policy and Belady at every budget."""
     keyed = [KeyedRequest(r, cost.block_tokens) for r in requests]
     oracle = BeladyOracle()
-    inf = replay(keyed, cost, InfinitePolicy(cost), UNBOUNDED_BYTES, oracle=oracle,
-                 progress=progress("infinite"))
+    inf = replay(
+        keyed,
+        cost,
+        InfinitePolicy(cost),
+        UNBOUNDED_BYTES,
+        oracle=oracle,
+        progress=progress("infinite"),
+    )
     res = Results(workload, cost.shape.name, cost.block_tokens, inf)
     window = max(50, len(keyed) // 10)
     for budget in budgets_bytes:
@@ -90,7 +99,8 @@ def run_all(
         for name in policies:
             pol = _make(name, cost, alpha, window)
             row[name] = replay(keyed, cost, pol, budget, progress=progress(name))
-        row["belady"] = replay(keyed, cost, BeladyPolicy(cost, oracle), budget,
-                               progress=progress("belady"))
+        row["belady"] = replay(
+            keyed, cost, BeladyPolicy(cost, oracle), budget, progress=progress("belady")
+        )
         res.rows[budget] = row
     return res

@@ -108,14 +108,20 @@ def _parse_mooncake_line(path: Path, lineno: int, line: str) -> SimRequest:
     for name in ("timestamp", "input_length", "output_length", "hash_ids"):
         if name not in obj:
             raise _fail(path, lineno, f"missing field {name!r}")
-    ts, n_in, n_out, ids = obj["timestamp"], obj["input_length"], obj["output_length"], obj["hash_ids"]
+    ts, n_in, n_out, ids = (
+        obj["timestamp"],
+        obj["input_length"],
+        obj["output_length"],
+        obj["hash_ids"],
+    )
     if not isinstance(ts, (int, float)) or isinstance(ts, bool) or ts < 0:
         raise _fail(path, lineno, f"timestamp must be a number >= 0, got {ts!r}")
     for name, v in (("input_length", n_in), ("output_length", n_out)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise _fail(path, lineno, f"{name} must be an integer >= 0, got {v!r}")
-    if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool)
-                                            for h in ids):
+    if not isinstance(ids, list) or not all(
+        isinstance(h, int) and not isinstance(h, bool) for h in ids
+    ):
         raise _fail(path, lineno, "hash_ids must be a list of integers")
     need = -(-n_in // MOONCAKE_BLOCK_TOKENS)
     if len(ids) != need:
