@@ -1,0 +1,60 @@
+"""Align-mode prefix caching on vLLM's CPU backend with the plugin's ops, per architecture.
+
+Oracles: greedy outputs with caching == without caching (token for token, also with chunked
+prefill), hits are reported, and the uncached engine's first tokens == transformers (fp32).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.engine.conftest import engine, greedy, shared_prefix_prompts
+from vllm_hybrid.testing import cpu_archs
+from vllm_hybrid.testing.fixtures import tiny_model_dir
+
+pytestmark = pytest.mark.engine
+
+MAMBA2_ARCHS = [
+    a for a in ("zamba2", "nemotron_h", "granitemoehybrid", "falcon_h1") if a in cpu_archs()
+]
+
+
+def transformers_greedy(model_dir, prompts, max_tokens):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    outs = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            gen = model.generate(
+                ids, max_new_tokens=max_tokens, do_sample=False, attention_mask=torch.ones_like(ids)
+            )
+            outs.append(gen[0, len(prompt) :].tolist())
+    return outs
+
+
+@pytest.mark.parametrize("arch", MAMBA2_ARCHS)
+def test_cached_equals_uncached_and_transformers(arch, model_root):
+    model_dir = tiny_model_dir(arch, model_root)
+    vocab = 1000
+    prompts = shared_prefix_prompts(seed=1, vocab=vocab)
+
+    with engine(model_dir, enable_prefix_caching=False) as llm:
+        reference = [o.outputs[0].token_ids for o in greedy(llm, prompts)]
+
+    # max_num_batched_tokens below the prompt length: prefills are chunked
+    with engine(model_dir, enable_prefix_caching=True, max_num_batched_tokens=256) as llm:
+        first = greedy(llm, prompts)
+        second = greedy(llm, prompts)
+
+    for outs in (first, second):
+        assert [o.outputs[0].token_ids for o in outs] == reference
+    # the repeat and the shared-prefix prompts hit on the first pass, everything on the second
+    assert first[4].num_cached_tokens > 0
+    assert all(o.num_cached_tokens > 0 for o in second)
+    assert all(o.num_cached_tokens < len(p) for o, p in zip(second, prompts, strict=True))
+
+    hf = transformers_greedy(model_dir, prompts[:2], max_tokens=4)
+    assert [list(r[:4]) for r in reference[:2]] == hf
