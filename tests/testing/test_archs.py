@@ -80,8 +80,10 @@ def test_small_is_about_100m_parameters(arch: str) -> None:
 
 
 def test_arch_registry() -> None:
-    assert {"zamba2", "nemotron_h", "granitemoehybrid", "falcon_h1"} <= set(cpu_archs())
-    assert not ARCHS["jamba"].vllm_cpu and ARCHS["jamba"].note
+    assert cpu_archs() == ["zamba2", "nemotron_h", "granitemoehybrid", "falcon_h1"]
+    assert cpu_archs("bfloat16") == ["qwen3_next"]
+    assert cpu_archs(mixer="gated_delta_net") == []
+    assert not ARCHS["jamba"].vllm_cpu and "selective_scan_fwd" in ARCHS["jamba"].note
     with pytest.raises(ValueError, match="unknown arch"):
         get_arch("llama")
     with pytest.raises(ValueError, match="unknown size"):

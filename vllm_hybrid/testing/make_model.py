@@ -32,7 +32,7 @@ from vllm_hybrid.testing.tokenizer import SPECIAL_TOKENS, save_tokenizer
 from vllm_hybrid.testing.weights import INIT_STD, shape_output_head
 
 #: Bump when the recipe changes (configs, init, tokenizer) so stale builds are rebuilt.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 STAMP_NAME = "vllm_hybrid_stamp.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -148,9 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     path = build_model(args.arch, args.out, args.size, args.seed, args.dtype, args.force)
     spec = ARCHS[args.arch]
-    cpu = "yes" if spec.vllm_cpu else f"no ({spec.note})"
+    cpu = ", ".join(spec.cpu_dtypes) or "no"
     print(f"{path}  [{args.arch} {args.size} seed={args.seed} {args.dtype}]")
     print(f"built in {time.perf_counter() - start:.1f}s; runs on vLLM CPU: {cpu}")
+    print(spec.note)
     return 0
 
 
