@@ -7,9 +7,9 @@ cd "$(dirname "$0")/.."
 VENV="${VLLM_HYBRID_VENV:-.venv}"
 PY="${PYTHON:-python3}"
 
-stamp_now() {
-  cat pyproject.toml setup.py scripts/install.sh csrc/*.h csrc/*.cpp csrc/cpu/* csrc/cuda/* \
-    2>/dev/null | sha256sum | cut -d' ' -f1
+stamp_now() {  # hash of everything the install depends on
+  find pyproject.toml setup.py scripts/install.sh csrc -type f -print0 | sort -z \
+    | xargs -0 cat | sha256sum | cut -d' ' -f1
 }
 
 if [ ! -x "$VENV/bin/python" ]; then
