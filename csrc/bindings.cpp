@@ -15,12 +15,25 @@ TORCH_LIBRARY(vllm_hybrid, m) {
       "store_prefill_checkpoint(Tensor x, Tensor(a!) conv_state, Tensor chunk_states, "
       "Tensor(b!) ssm_state, Tensor query_start_loc, Tensor checkpoint_offsets, "
       "Tensor state_indices, Tensor chunk_idx, int state_len) -> ()");
+  m.def("snapshot_copy(Tensor[] src_tensors, Tensor(a!)[] dst_tensors, Tensor pairs) -> ()");
+  m.def(
+      "snapshot_quantize_int8(Tensor[] states, Tensor(a!)[] q_tensors, Tensor(b!)[] scales, "
+      "Tensor pairs) -> ()");
+  m.def(
+      "snapshot_dequantize_int8(Tensor[] q_tensors, Tensor[] scales, Tensor(a!)[] states, "
+      "Tensor pairs) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(vllm_hybrid, CPU, m) {
   m.impl("ssd_scan_fwd", &vllm_hybrid::ssd_scan_fwd);
   m.impl("store_prefill_checkpoint", &vllm_hybrid::store_prefill_checkpoint);
+  m.impl("snapshot_copy", &vllm_hybrid::snapshot_copy);
+  m.impl("snapshot_quantize_int8", &vllm_hybrid::snapshot_quantize_int8);
+  m.impl("snapshot_dequantize_int8", &vllm_hybrid::snapshot_dequantize_int8);
 }
 
+// The CUDA implementations (same schemas) are registered for the CUDA dispatch key by
+// csrc/cuda/ops_torch.cpp, which setup.py compiles only into a CUDA build.
+
 // An importable module so that `import vllm_hybrid._C` loads the library above.
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.doc() = "vllm-hybrid custom ops (CPU)"; }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.doc() = "vllm-hybrid custom ops"; }

@@ -21,4 +21,14 @@ void store_prefill_checkpoint(const at::Tensor& x, at::Tensor& conv_state,
                               const at::Tensor& state_indices, const at::Tensor& chunk_idx,
                               int64_t state_len);
 
+// Snapshot ops (csrc/cpu/snapshot*.cpp; CUDA twins in csrc/cuda/, registered there).
+void snapshot_copy(at::TensorList src_tensors, at::TensorList dst_tensors,
+                   const at::Tensor& pairs);
+
+void snapshot_quantize_int8(at::TensorList states, at::TensorList q_tensors,
+                            at::TensorList scales, const at::Tensor& pairs);
+
+void snapshot_dequantize_int8(at::TensorList q_tensors, at::TensorList scales,
+                              at::TensorList states, const at::Tensor& pairs);
+
 }  // namespace vllm_hybrid
