@@ -20,7 +20,7 @@ from vllm_hybrid.core.cost import CostModel
 from vllm_hybrid.core.policies import POLICIES
 from vllm_hybrid.core.shapes import load_shape
 from vllm_hybrid.sim.generators import GENERATORS
-from vllm_hybrid.sim.report import format_markdown, headroom_closed, to_json, write_plot
+from vllm_hybrid.sim.report import format_markdown, to_json, write_plot
 from vllm_hybrid.sim.runner import run_all
 from vllm_hybrid.sim.trace import load_mooncake
 
@@ -54,22 +54,28 @@ def run_job(job: tuple[str, str, str]) -> tuple[str, str, str, dict, float]:
 
 
 def _summary(results: list[tuple[str, str, str, dict, float]]) -> str:
-    lines = ["| workload | shape | budget GB | flop | best baseline | flop/best | belady | "
-             "headroom closed |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| workload | shape | budget GB | flop | best baseline | flop/best | belady | "
+        "headroom closed |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for workload, shape, _, data, _ in results:
         for budget, entry in data["budgets"].items():
             rows = entry["rows"]
-            base = {n: rows[n]["flops_saved_rate"] for n in ("vllm", "lru-dense", "sglang",
-                                                              "marconi")}
+            base = {
+                n: rows[n]["flops_saved_rate"] for n in ("vllm", "lru-dense", "sglang", "marconi")
+            }
             best_name = max(base, key=lambda n: base[n])
             best = base[best_name]
             ours = rows["flop"]["flops_saved_rate"]
             ratio = f"{ours / best:.2f}x" if best > 0 else "n/a"
             closed = entry["headroom_closed"]
             closed_s = f"{100 * closed:.0f}%" if closed is not None else "n/a"
-            lines.append(f"| {workload} | {shape} | {int(budget) / 1e9:g} | {100 * ours:.1f}% | "
-                         f"{100 * best:.1f}% ({best_name}) | {ratio} | "
-                         f"{100 * rows['belady']['flops_saved_rate']:.1f}% | {closed_s} |")
+            lines.append(
+                f"| {workload} | {shape} | {int(budget) / 1e9:g} | {100 * ours:.1f}% | "
+                f"{100 * best:.1f}% ({best_name}) | {ratio} | "
+                f"{100 * rows['belady']['flops_saved_rate']:.1f}% | {closed_s} |"
+            )
     return "\n".join(lines)
 
 
@@ -91,8 +97,12 @@ def main() -> None:
     body += "\n".join(md for _, _, md, _, _ in results)
     doc = ROOT / "docs" / "policies.md"
     text = doc.read_text()
-    new = re.sub(r"(<!-- tables:begin -->\n).*(<!-- tables:end -->)",
-                 lambda m: m.group(1) + body + "\n" + m.group(2), text, flags=re.S)
+    new = re.sub(
+        r"(<!-- tables:begin -->\n).*(<!-- tables:end -->)",
+        lambda m: m.group(1) + body + "\n" + m.group(2),
+        text,
+        flags=re.S,
+    )
     doc.write_text(new)
     print(_summary(results))
 
