@@ -84,6 +84,7 @@ struct PrefillCheckpointParams {
 
 // CUDA launchers (csrc/cuda/*.cu). `params` and every pointer inside must be device-accessible
 // except `params` itself (passed by value); `stream` is a cudaStream_t. Return a cudaError_t.
+int64_t snapshot_copy_tile_bytes();  // bytes per thread block of the copy kernel
 int launch_snapshot_copy(const CopyParams& params, void* stream);
 int launch_snapshot_quantize_int8(const QuantParams& params, void* stream);
 int launch_snapshot_dequantize_int8(const QuantParams& params, void* stream);
