@@ -21,7 +21,8 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kPerThread = 4;
 
-__global__ void __launch_bounds__(kThreads) store_checkpoint_kernel(const PrefillCheckpointParams p) {
+__global__ void __launch_bounds__(kThreads)
+    store_checkpoint_kernel(const PrefillCheckpointParams p) {
   const int64_t r = blockIdx.y;
   const int64_t off = p.checkpoint_offsets[r];
   if (off <= 0) return;
