@@ -1,0 +1,25 @@
+"""The offline example runs end to end on the tiny model (the server examples: test_server_e2e)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from vllm_hybrid.testing.fixtures import tiny_model_dir
+
+pytestmark = pytest.mark.engine
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def load_example(name: str):
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_offline_batch_example(model_root):
+    outputs = load_example("offline_batch").main(str(tiny_model_dir("zamba2", model_root)))
+    assert len(outputs) == 3 and all(len(o) > 0 for o in outputs)
