@@ -1,7 +1,8 @@
 """Compile-only check of the CUDA sources with the system nvcc (no GPU needed, nothing runs).
 
 * every kernel file csrc/cuda/*.cu is compiled for sm_80 and sm_90 (they include only CUDA
-  headers and csrc/snapshot_params.h);
+  headers and csrc/snapshot_params.h), with the flags torch's extension builder adds to nvcc
+  (COMMON_NVCC_FLAGS: no implicit half / bfloat16 conversions, relaxed constexpr);
 * the torch glue csrc/cuda/*.cpp is compiled by nvcc (host compiler) against the installed
   torch's headers. A CPU build of torch ships c10/cuda but not the CMake-generated
   c10/cuda/impl/cuda_cmake_macros.h; -DC10_CUDA_NO_CMAKE_CONFIGURE_FILE skips that include
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils.cpp_extension import COMMON_NVCC_FLAGS
 
 ROOT = Path(__file__).resolve().parents[2]
 CSRC = ROOT / "csrc"
@@ -53,7 +55,8 @@ def assert_ok(results: list[subprocess.CompletedProcess]) -> None:
 
 
 def kernel_cmd(src: Path, out: Path) -> list[str]:
-    return [NVCC, "-std=c++17", "-O3", *GENCODE, f"-I{CSRC}", "-Xcompiler", "-fPIC"] + [
+    flags = ["-std=c++17", "-O3", *COMMON_NVCC_FLAGS, *GENCODE, f"-I{CSRC}", "-Xcompiler", "-fPIC"]
+    return [NVCC, *flags] + [
         "-c",
         str(src),
         "-o",
