@@ -26,6 +26,7 @@ from vllm_hybrid.core.policy import AdmitContext
 
 _NEVER = float("-inf")
 _DEPTH_SLOTS = float(1 << 22)  # tie-break room below one time step for LRU keys
+_HIT_CAP = 3  # hit counts >= this share one learned reuse rate
 
 
 def _segment(node: Node) -> tuple[int, int]:
@@ -201,8 +202,14 @@ class FlopPolicy(_Base):
         self._inserted = [0, 0]
         self._reused = [0, 0]
         self._reused_origins: set[int] = set()
+        # reached[k]: snapshots that got a k-th hit (the last slot counts every hit past the
+        # cap), so P(another hit | k hits) is learned online: chat histories are resumed once
+        # and die, shared prefixes are resumed again and again.
+        self._reached = [0] * (_HIT_CAP + 2)
 
     def observe(self, ctx: AdmitContext, hit_node: Node) -> None:
+        if ctx.hit_tokens:
+            self._reached[min(hit_node.snap_hits, _HIT_CAP + 1)] += 1
         origin = hit_node.origin
         if ctx.hit_tokens and origin in self._class_of and origin not in self._reused_origins:
             self._reused_origins.add(origin)
@@ -213,11 +220,20 @@ class FlopPolicy(_Base):
             self._inserted[cls] += 1
 
     def reuse_probability(self, node: Node) -> float:
-        """1 once the node was resumed from; else the learned rate of its inserter's class."""
-        if node.snap_hits or node.origin not in self._class_of:
+        """Learned P(another hit): by hit count once resumed from, else by inserter class."""
+        k = node.snap_hits
+        if k >= _HIT_CAP:
+            return (self._reached[_HIT_CAP + 1] + 1) / (sum(self._reached[_HIT_CAP:]) + 2)
+        if k:
+            return (self._reached[k + 1] + 1) / (self._reached[k] + 2)
+        if node.origin not in self._class_of:
             return 1.0
         cls = self._class_of[node.origin]
         return (self._reused[cls] + 1) / (self._inserted[cls] + 2)
+
+    def _weight(self, node: Node) -> float:
+        """Frequency discounted by liveness: (hits + 1) * P(another hit)."""
+        return (node.snap_hits + 1) * self.reuse_probability(node)
 
     def on_evict(self, priority: float) -> None:
         self.clock = max(self.clock, priority)
@@ -229,7 +245,7 @@ class FlopPolicy(_Base):
             return self.clock  # dead KV: saves nothing
         prev_end, chain_bytes = _segment(node)
         saved = self.cost.span_flops(prev_end, node.end_tokens)
-        freq = (node.snap_hits + 1) * self.reuse_probability(node)
+        freq = self._weight(node)
         return self.clock + freq * saved / (chain_bytes + self.cost.snapshot_bytes)
 
     def snapshot_priority(self, node: Node, now: int) -> float | None:
@@ -237,7 +253,7 @@ class FlopPolicy(_Base):
             return None
         prev_end, _ = _segment(node)
         saved = self.cost.span_flops(prev_end, node.end_tokens)
-        freq = (node.snap_hits + 1) * self.reuse_probability(node)
+        freq = self._weight(node)
         return self.clock + freq * saved / max(self.cost.snapshot_bytes, 1)
 
     def snapshot_positions(self, ctx: AdmitContext) -> list[int]:
