@@ -24,7 +24,7 @@ def chunk_layout(
     computed = computed or [0] * len(seq_lens)
     extra_splits = extra_splits or [[] for _ in seq_lens]
     cu, bounds, owners, last = [0], [0], [], []
-    for seq, (length, done, extra) in enumerate(zip(seq_lens, computed, extra_splits)):
+    for seq, (length, done, extra) in enumerate(zip(seq_lens, computed, extra_splits, strict=True)):
         start = cu[-1]
         cuts = {o for o in range(1, length) if (done + o) % chunk_size == 0} | set(extra)
         for cut in sorted(cuts) + [length]:
