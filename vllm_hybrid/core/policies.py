@@ -27,6 +27,7 @@ from vllm_hybrid.core.policy import AdmitContext
 _NEVER = float("-inf")
 _DEPTH_SLOTS = float(1 << 22)  # tie-break room below one time step for LRU keys
 _HIT_CAP = 3  # hit counts >= this share one learned reuse rate
+_DEPTH_CLASSES = 32  # log2 buckets of content depth for the learned reuse rate
 
 
 def _segment(node: Node) -> tuple[int, int]:
@@ -196,11 +197,12 @@ class FlopPolicy(_Base):
         snap_tokens = cost.snapshot_bytes / max(cost.kv_bytes_per_token, 1)
         blocks = max(1, round(snap_tokens / overhead / self.block_tokens))
         self.interval_tokens = blocks * self.block_tokens
-        # Reuse learned online per request class (0: missed, 1: resumed from a hit): how often
-        # content a request of that class inserted was later resumed from (Laplace-smoothed).
+        # Reuse learned online per request class (did it resume from a hit; log2 of the depth
+        # of its content): how often content a request of that class inserted was later
+        # resumed from (Laplace-smoothed). Deep chat histories belong to sessions near their end.
         self._class_of: dict[int, int] = {}
-        self._inserted = [0, 0]
-        self._reused = [0, 0]
+        self._inserted = [0] * 2 * _DEPTH_CLASSES
+        self._reused = [0] * 2 * _DEPTH_CLASSES
         self._reused_origins: set[int] = set()
         # reached[k]: snapshots that got a k-th hit (the last slot counts every hit past the
         # cap), so P(another hit | k hits) is learned online: chat histories are resumed once
@@ -215,7 +217,8 @@ class FlopPolicy(_Base):
             self._reused_origins.add(origin)
             self._reused[self._class_of[origin]] += 1
         if ctx.cacheable_tokens > ctx.kv_tokens:
-            cls = int(ctx.hit_tokens > 0)
+            depth = min(max(ctx.cacheable_tokens, 1).bit_length() - 1, _DEPTH_CLASSES - 1)
+            cls = 2 * depth + int(ctx.hit_tokens > 0)
             self._class_of[ctx.request_index] = cls
             self._inserted[cls] += 1
 
