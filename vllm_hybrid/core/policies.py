@@ -181,9 +181,10 @@ class MarconiPolicy(_Base):
 class FlopPolicy(_Base):
     """Ours: GreedyDual-Size-Frequency on FLOPs saved per byte held.
 
-    ``priority = clock + freq * saved_flops / bytes``; ``clock`` is the priority of the last
-    evicted entry, so entries not used for a while fall below newly used ones (aging) with no
-    tuned weight. ``saved_flops`` is the prefill a hit here saves over the next snapshot above.
+    ``priority = clock + (hits + 1) * P(another hit) * saved_flops / bytes``, P learned online;
+    ``clock`` is the priority of the last evicted entry, so entries not used for a while fall
+    below newly used ones (aging) with no tuned weight. ``saved_flops`` is the prefill a hit
+    here saves over the next snapshot above.
     """
 
     name = "flop"
@@ -263,10 +264,19 @@ class FlopPolicy(_Base):
         out = ctx.end_positions()
         if ctx.kv_tokens > ctx.hit_tokens:
             out.append(ctx.kv_tokens)
-        step = self.interval_tokens
-        first = (ctx.kv_tokens // step + 1) * step
-        out.extend(range(first, ctx.cacheable_tokens + 1, step))
+        out.extend(self.checkpoint_positions(ctx))
         return out
+
+    def checkpoint_positions(self, ctx: AdmitContext) -> list[int]:
+        """Periodic states in the new content, one interval apart. Where the exact end is a
+        resume point (the next turn extends it), they are placed backwards from it, so no
+        checkpoint sits just above the end state it would duplicate; else at multiples of I."""
+        step, b = self.interval_tokens, ctx.block_tokens
+        if ctx.exact_end:
+            last = (ctx.cacheable_tokens - step) // b * b
+            return list(range(last, ctx.kv_tokens, -step)) if last > ctx.kv_tokens else []
+        first = (ctx.kv_tokens // step + 1) * step
+        return list(range(first, ctx.cacheable_tokens + 1, step))
 
 
 class BeladyOracle:
