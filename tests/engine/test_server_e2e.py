@@ -128,3 +128,25 @@ def test_bad_request_is_a_4xx_and_server_keeps_serving(client):
 def test_chat_client_example(server):
     cached = load_example("chat_client").main(f"{server}/v1", "tiny")
     assert cached[0] == 0 and cached[1] > 0 and cached[2] >= cached[1]
+
+
+def test_cache_salt_isolates_tenants(client):
+    """Identical prompts under different cache_salt never share cached blocks or states."""
+    prompt = SYSTEM_PROMPT + "\nQuestion: which aisle has rollers?\nAnswer:"
+
+    def cached(salt):
+        reply = client.completions.create(
+            model="tiny",
+            prompt=prompt,
+            max_tokens=4,
+            temperature=0,
+            extra_body={"cache_salt": salt},
+        )
+        return reply.usage.prompt_tokens_details.cached_tokens, reply.choices[0].text
+
+    first_a, text_a = cached("tenant-a")
+    again_a, _ = cached("tenant-a")
+    first_b, text_b = cached("tenant-b")
+    assert again_a > 0, "the same tenant should hit its own cache"
+    assert first_b == 0, "another tenant must not hit tenant-a's cache"
+    assert text_a == text_b
