@@ -86,12 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     from vllm_hybrid import advise
 
     advise.build_parser(sub.add_parser("advise", help="find what breaks prefix reuse in a log"))
-    try:
-        from vllm_hybrid.sim.cli import add_simulate_parser
-    except ImportError:  # the simulator ships with the package; tolerate partial checkouts
-        pass
-    else:
-        add_simulate_parser(sub)
+    from vllm_hybrid.sim.cli import add_simulate_parser
+
+    add_simulate_parser(sub)
     return parser
 
 
