@@ -18,6 +18,9 @@ import os
 import sys
 from collections.abc import Sequence
 
+from vllm_hybrid import advise
+from vllm_hybrid.sim.cli import add_simulate_parser, run_simulate
+
 
 def _serve_command(model: str, vllm_args: Sequence[str]) -> list[str]:
     return [
@@ -83,11 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--arch", default="zamba2")
     demo.add_argument("--workdir", default="models", help="where the tiny model is built")
     demo.add_argument("--port", type=int, default=0, help="0 = pick a free port")
-    from vllm_hybrid import advise
-
     advise.build_parser(sub.add_parser("advise", help="find what breaks prefix reuse in a log"))
-    from vllm_hybrid.sim.cli import add_simulate_parser
-
     add_simulate_parser(sub)
     return parser
 
@@ -104,12 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         return cmd_demo(args)
     if args.command == "advise":
-        from vllm_hybrid import advise
-
         return advise.run(args)
     if args.command == "simulate":
-        from vllm_hybrid.sim.cli import run_simulate
-
         return int(run_simulate(args))
     parser.error(f"unknown command {args.command!r}")
     return 2
