@@ -179,6 +179,9 @@ class PoolMirror:
     def keys_of(self, page: int) -> set[PageKey]:
         return set(self._page_keys.get(page, ()))
 
+    def holds(self, page: int) -> bool:
+        return page in self._page_keys
+
     def cached_pages(self) -> list[int]:
         return list(self._page_keys)
 

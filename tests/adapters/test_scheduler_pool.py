@@ -1,0 +1,134 @@
+"""HybridBlockPool on a real vLLM BlockPool, driven by hand (no engine): the mirror follows vLLM's
+hash map, victims come from the policy, KV and its snapshot go together, in-use blocks stay."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("vllm", reason="needs the cpu extra")
+
+from vllm.v1.core.block_pool import BlockPool  # noqa: E402
+from vllm.v1.core.kv_cache_utils import BlockHash  # noqa: E402
+
+from vllm_hybrid.adapters.vllm import scheduler  # noqa: E402
+from vllm_hybrid.adapters.vllm.block_pool import HybridBlockPool, install  # noqa: E402
+from vllm_hybrid.core.cost import CostModel  # noqa: E402
+from vllm_hybrid.core.policies import POLICIES  # noqa: E402
+from vllm_hybrid.core.pool_mirror import PoolMirror  # noqa: E402
+from vllm_hybrid.core.shapes import load_shape  # noqa: E402
+
+B = 4
+KV, STATE = 0, 1
+
+
+def make_pool(n_blocks: int = 12, policy: str = "flop") -> HybridBlockPool:
+    pool = BlockPool(num_gpu_blocks=n_blocks, enable_caching=True, hash_block_size=B)
+    cost = CostModel(load_shape("zamba2-2.7b"), B)
+    mirror = PoolMirror(
+        block_tokens=B, kv_groups=[KV], state_groups=[STATE], policy=POLICIES[policy](cost)
+    )
+    return install(pool, mirror)
+
+
+def request(name: str, n_blocks: int) -> SimpleNamespace:
+    return SimpleNamespace(block_hashes=[BlockHash(f"{name}{i}".encode()) for i in range(n_blocks)])
+
+
+def run_request(pool: HybridBlockPool, req: SimpleNamespace, snap_at: int) -> dict:
+    """Allocate KV blocks for the whole chain and one state block ending at block ``snap_at``,
+    cache them as vLLM's managers do, then free them (the request finished)."""
+    n = len(req.block_hashes)
+    kv = pool.get_new_blocks(n)
+    pool.cache_full_blocks(req, kv, 0, n, B, KV)
+    state = pool.get_new_blocks(snap_at)  # align mode: only the block at snap_at is kept
+    mask = [i == snap_at - 1 for i in range(snap_at)]
+    pool.cache_full_blocks(req, state, 0, snap_at, B, STATE, block_mask=mask)
+    pool.free_blocks(reversed(state[:-1]))
+    pool.free_blocks(reversed(kv + state[-1:]))
+    pool.hy_check_integrity()
+    return {"kv": kv, "state": state[-1]}
+
+
+def cached(pool: BlockPool, req: SimpleNamespace, i: int, group: int) -> bool:
+    return pool.get_cached_block(req.block_hashes[i], [group]) is not None
+
+
+def test_install_refuses_a_used_pool() -> None:
+    pool = BlockPool(num_gpu_blocks=4, enable_caching=False, hash_block_size=B)
+    with pytest.raises(ValueError):
+        install(pool, PoolMirror(block_tokens=B, kv_groups=[0], state_groups=[1], policy=None))
+
+
+def test_victims_are_whole_units_and_lookup_stays_consistent() -> None:
+    pool = make_pool(n_blocks=12)
+    a, b = request("a", 3), request("b", 3)
+    run_request(pool, a, snap_at=3)
+    pool._hy_mirror.tick()
+    run_request(pool, b, snap_at=3)
+    # 11 usable blocks: a and b hold 4 cached blocks each, 3 blocks are free and uncached
+    assert pool.get_num_free_blocks() == 11
+    got = pool.get_new_blocks(4)  # one more than the uncached ones
+    pool.hy_check_integrity()
+    assert pool.hy_policy_pages >= 1 and pool.hy_fallback_pages == 0
+    # a whole leaf went with its snapshot: its KV and its state are both gone from vLLM's map
+    gone = [r for r in (a, b) if not cached(pool, r, 2, KV)]
+    assert len(gone) == 1 and not cached(pool, gone[0], 2, STATE)
+    assert all(blk.ref_cnt == 1 for blk in got)
+    # the other chain is intact and still hits in full
+    kept = b if gone[0] is a else a
+    assert all(cached(pool, kept, i, KV) for i in range(3)) and cached(pool, kept, 2, STATE)
+
+
+def test_blocks_in_use_are_never_victims() -> None:
+    pool = make_pool(n_blocks=12)
+    a, b = request("a", 3), request("b", 3)
+    held = run_request(pool, a, snap_at=3)
+    pool.touch(held["kv"] + [held["state"]])  # a running request hits all of a
+    run_request(pool, b, snap_at=3)
+    pool.get_new_blocks(pool.get_num_free_blocks())
+    pool.hy_check_integrity()
+    assert all(cached(pool, a, i, KV) for i in range(3)) and cached(pool, a, 2, STATE)
+    assert not any(cached(pool, b, i, KV) for i in range(3))
+
+
+def test_reset_and_move_keep_the_mirror_in_sync() -> None:
+    pool = make_pool(n_blocks=12)
+    a = request("a", 2)
+    blocks = run_request(pool, a, snap_at=2)
+    fresh = pool.get_new_blocks(1)[0]
+    pool.touch([blocks["state"]])
+    pool.move_block_hashes(blocks["state"], fresh)
+    pool.hy_check_integrity()
+    assert pool.get_cached_block(a.block_hashes[1], [STATE])[0] is fresh
+    pool.free_blocks([blocks["state"], fresh])
+    assert pool.reset_prefix_cache()
+    pool.hy_check_integrity()
+    assert len(pool._hy_mirror) == 0
+
+
+def test_bad_policy_name_lists_the_valid_ones(monkeypatch) -> None:
+    monkeypatch.setenv(scheduler.ENV_POLICY, "belady-ish")
+    with pytest.raises(ValueError, match="valid names: flop, lru-dense, marconi, sglang, vllm"):
+        scheduler.policy_from_env(B)
+    monkeypatch.setenv(scheduler.ENV_POLICY, "vllm")
+    assert scheduler.policy_from_env(B).name == "vllm"
+
+
+def test_activation_only_for_mamba_hybrids_with_caching() -> None:
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    attn = SimpleNamespace(
+        kv_cache_spec=FullAttentionSpec(
+            block_size=16, num_kv_heads=1, head_size=64, dtype=torch.float32
+        )
+    )
+    off = SimpleNamespace(cache_config=SimpleNamespace(enable_prefix_caching=False))
+    assert scheduler.activate(off) is None
+    attention_only = SimpleNamespace(
+        cache_config=SimpleNamespace(enable_prefix_caching=True),
+        kv_cache_config=SimpleNamespace(kv_cache_groups=[attn]),
+    )
+    assert scheduler.activate(attention_only) is None

@@ -1,0 +1,217 @@
+"""``HybridBlockPool``: vLLM's ``BlockPool`` with eviction victims chosen by a core policy.
+
+Written against vLLM 0.32.0, ``vllm/v1/core/block_pool.py``. The pool is installed by class swap
+on the one ``BlockPool`` that ``KVCacheCoordinator.__init__`` (``kv_cache_coordinator.py``)
+shares between all KV cache groups; :func:`install` does it right after the scheduler is built,
+while the pool holds no cached block yet. What is overridden and why:
+
+* ``_insert_block_hash`` / ``_remove_cached_block_hashes``: every change of vLLM's hash map goes
+  through these two (``cache_full_blocks``, ``cache_partial_block``, ``move_block_hashes``,
+  ``_maybe_evict_cached_block``, ``evict_blocks``); we mirror it into a
+  :class:`~vllm_hybrid.core.pool_mirror.PoolMirror`. ``cache_full_blocks`` and
+  ``cache_partial_block`` only remember the request (its chained hashes give the parent key).
+* ``move_block_hashes`` (Mamba copy-on-write): one ``move_page`` in the mirror.
+* ``touch``: prefix hits feed the policy's statistics.
+* ``get_new_blocks``: when the free uncached blocks do not cover a request, the mirror picks
+  the cached victims by the policy's priority (a KV block goes with the snapshots under it);
+  their hashes are dropped exactly as ``_maybe_evict_cached_block`` does (vLLM's lookup stays
+  consistent, ``BlockRemoved`` events are emitted), then the blocks are handed out as usual.
+  A block with ``ref_cnt > 0`` is never chosen. If the policy cannot free enough (e.g. the
+  only free pages are leaf states that its units keep with their KV), the rest comes from the
+  head of vLLM's LRU queue as before (counted in ``fallback_pages``).
+* ``reset_prefix_cache``: clears the mirror when vLLM clears its map.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from vllm.v1.core.block_pool import BlockPool
+from vllm.v1.core.kv_cache_utils import (
+    BlockHashWithGroupId,
+    KVCacheBlock,
+    get_block_hash,
+    get_group_id,
+)
+
+from vllm_hybrid.core.pool_mirror import PoolMirror
+
+logger = logging.getLogger("vllm_hybrid")
+
+
+class HybridBlockPool(BlockPool):
+    """Never constructed directly: :func:`install` swaps the class of vLLM's pool instance."""
+
+    _hy_mirror: PoolMirror
+    _hy_request: Any
+    _hy_quiet: bool
+    hy_policy_pages: int
+    hy_fallback_pages: int
+    hy_evict_calls: int
+
+    # ---------------------------------------------------------------- mirroring the hash map
+    def cache_full_blocks(self, request: Any, *args: Any, **kwargs: Any) -> None:
+        self._hy_request = request
+        try:
+            super().cache_full_blocks(request, *args, **kwargs)
+        finally:
+            self._hy_request = None
+
+    def cache_partial_block(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        self._hy_request = request
+        try:
+            return super().cache_partial_block(request, *args, **kwargs)
+        finally:
+            self._hy_request = None
+
+    def _insert_block_hash(
+        self,
+        block_hash_with_group_id: BlockHashWithGroupId,
+        block: KVCacheBlock,
+        num_tokens: int | None,
+    ) -> None:
+        super()._insert_block_hash(block_hash_with_group_id, block, num_tokens)
+        if self._hy_quiet:
+            return
+        request = self._hy_request
+        if request is None or num_tokens is None:
+            raise RuntimeError("vllm-hybrid: a block hash was inserted outside a known caller")
+        key = get_block_hash(block_hash_with_group_id)
+        parent = self._hy_parent_key(request, num_tokens)
+        group = get_group_id(block_hash_with_group_id)
+        self._hy_mirror.add(block.block_id, key, group, num_tokens, parent)
+
+    def _hy_parent_key(self, request: Any, end: int) -> Any:
+        b = self._hy_mirror.block_tokens
+        parent_end = end - b if end % b == 0 else end // b * b
+        if parent_end <= 0:
+            return None
+        return request.block_hashes[parent_end // self.hash_block_size - 1]
+
+    def _remove_cached_block_hashes(self, block: KVCacheBlock) -> list[BlockHashWithGroupId]:
+        removed = super()._remove_cached_block_hashes(block)
+        if not self._hy_quiet:
+            self._hy_mirror.drop_page(block.block_id)
+        return removed
+
+    def move_block_hashes(self, src_block: KVCacheBlock, dst_block: KVCacheBlock) -> None:
+        self._hy_quiet = True
+        try:
+            super().move_block_hashes(src_block, dst_block)
+        finally:
+            self._hy_quiet = False
+        self._hy_mirror.move_page(src_block.block_id, dst_block.block_id)
+
+    def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
+        super().touch(blocks)
+        self._hy_mirror.touch_pages(b.block_id for b in blocks if not b.is_null)
+
+    def reset_prefix_cache(self) -> bool:
+        done = super().reset_prefix_cache()
+        if done:
+            self._hy_mirror.clear()
+        return done
+
+    # ---------------------------------------------------------------- eviction
+    def _hy_is_free(self, page: int) -> bool:
+        return self.blocks[page].ref_cnt == 0
+
+    def _hy_free_cached(self) -> int:
+        return sum(self.blocks[p].ref_cnt == 0 for p in self._hy_mirror.cached_pages())
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """As vLLM's, but cached blocks are reused in the policy's order, not LRU order."""
+        if num_blocks > self.get_num_free_blocks():
+            raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
+        shortfall = num_blocks - (self.get_num_free_blocks() - self._hy_free_cached())
+        if shortfall > 0:
+            self._hy_evict(shortfall)
+        ret = self._hy_pop(num_blocks)
+        if self._reuse_watchers:
+            self._notify_reuse(ret)
+        for block in ret:  # as vLLM's get_new_blocks with caching on
+            self._maybe_evict_cached_block(block)
+            assert block.ref_cnt == 0
+            block.ref_cnt += 1
+            if self.metrics_collector:
+                self.metrics_collector.on_block_allocated(block)
+        return ret
+
+    def _hy_evict(self, shortfall: int) -> None:
+        """Drop the hashes of the policy's victims and move them to the head of the queue."""
+        victims = [
+            self.blocks[p] for p in self._hy_mirror.pick_victims(shortfall, self._hy_is_free)
+        ]
+        for block in victims:
+            # as _maybe_evict_cached_block, minus the metrics call that get_new_blocks makes
+            self._emit_block_removed_events(self._remove_cached_block_hashes(block))
+            self.free_block_queue.remove(block)
+        self.free_block_queue.prepend_n(victims)
+        self.hy_policy_pages += len(victims)
+        self.hy_evict_calls += 1
+        logger.debug(
+            "vllm-hybrid: evicted %d cached blocks for a shortfall of %d (%s)",
+            len(victims),
+            shortfall,
+            self._hy_mirror.stats,
+        )
+
+    def _hy_pop(self, num_blocks: int) -> list[KVCacheBlock]:
+        """``num_blocks`` from the queue head: uncached first, then LRU cached as a fallback."""
+        uncached = self.get_num_free_blocks() - self._hy_free_cached()
+        take_cached = max(0, num_blocks - uncached)
+        self.hy_fallback_pages += take_cached
+        ret: list[KVCacheBlock] = []
+        skipped: list[KVCacheBlock] = []
+        while len(ret) < num_blocks:
+            block = self.free_block_queue.popleft()
+            if not self._hy_mirror.holds(block.block_id):
+                ret.append(block)
+            elif take_cached > 0:
+                take_cached -= 1
+                ret.append(block)
+            else:
+                skipped.append(block)
+        self.free_block_queue.append_n(skipped)
+        return ret
+
+    # ---------------------------------------------------------------- debug checks
+    def hy_check_integrity(self) -> None:
+        """The mirror's invariants, and mirror == vLLM's hash map and free queue (O(pool))."""
+        self._hy_mirror.check_integrity()
+        n_free = 0
+        for block in self.blocks:
+            engine = _engine_keys(self, block)
+            assert engine == self._hy_mirror.keys_of(block.block_id), (
+                f"mirror out of sync at block {block.block_id}: engine {engine}, "
+                f"mirror {self._hy_mirror.keys_of(block.block_id)}"
+            )
+            n_free += block.ref_cnt == 0 and not block.is_null
+        assert n_free == self.get_num_free_blocks(), "free queue != blocks with ref_cnt 0"
+
+
+def _engine_keys(pool: BlockPool, block: KVCacheBlock) -> set[tuple[Any, int]]:
+    keys: Iterable[BlockHashWithGroupId] = pool.cached_block_hashes_by_block.get(block.block_id, ())
+    held = [*keys] + ([block.block_hash] if block.block_hash is not None else [])
+    return {
+        (get_block_hash(k), get_group_id(k))
+        for k in held
+        if pool.cached_block_hash_to_block.contain(k, block.block_id)
+    }
+
+
+def install(pool: BlockPool, mirror: PoolMirror) -> HybridBlockPool:
+    """Swap ``pool``'s class to :class:`HybridBlockPool`; the pool must hold no cached block."""
+    if type(pool) is not BlockPool:
+        raise TypeError(f"expected vLLM's BlockPool, got {type(pool).__name__}")
+    if len(pool.cached_block_hash_to_block) or not pool.enable_caching:
+        raise ValueError("install on a fresh pool with prefix caching enabled")
+    pool.__class__ = HybridBlockPool
+    hybrid: HybridBlockPool = pool  # type: ignore[assignment]
+    hybrid._hy_mirror = mirror
+    hybrid._hy_request = None
+    hybrid._hy_quiet = False
+    hybrid.hy_policy_pages = hybrid.hy_fallback_pages = hybrid.hy_evict_calls = 0
+    return hybrid
