@@ -23,3 +23,11 @@ def load_example(name: str):
 def test_offline_batch_example(model_root):
     outputs = load_example("offline_batch").main(str(tiny_model_dir("zamba2", model_root)))
     assert len(outputs) == 3 and all(len(o) > 0 for o in outputs)
+
+
+def test_agent_loop_example(model_root):
+    rows = load_example("agent_loop").main(str(tiny_model_dir("zamba2", model_root)))
+    prompts, cached = zip(*rows, strict=True)
+    assert cached[0] == 0
+    assert all(c > 0 for c in cached[1:])  # every later step resumes from the previous one
+    assert list(prompts) == sorted(prompts)
