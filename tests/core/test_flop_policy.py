@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from vllm_hybrid.core.cost import CostModel
 from vllm_hybrid.core.node import Node
 from vllm_hybrid.core.policies import FlopPolicy
@@ -39,3 +41,35 @@ def test_reuse_probability_learns_liveness_by_hit_count() -> None:
     assert pol.reuse_probability(node) == 1 / 10
     node.snap_hits = 5  # pooled bucket: hits past the cap
     assert pol.reuse_probability(node) == 0.5
+
+
+def test_reuse_probability_is_learned_apart_for_branch_points() -> None:
+    pol = FlopPolicy(CostModel(load_shape("zamba2-7b"), 64))
+    for t in range(8):  # eight turn ends resumed once (leaves), none twice
+        hit = Node(("h", t), None, 0, 64, 0)
+        hit.snap_hits = 1
+        pol.observe(_ctx(t, 128, 64, 64, True), hit)
+    branch = Node("b", None, 0, 64, 0)
+    for k in range(3):  # a shared prefix with two continuations, resumed again and again
+        branch.children[("c", k)] = Node(("c", k), branch, 64, 128, 0)
+    for t in range(8, 14):
+        branch.snap_hits = 1 + (t - 8) // 2
+        pol.observe(_ctx(t, 128, 64, 64, True), branch)
+    leaf = Node("n", None, 0, 64, 0)
+    leaf.snap_hits = 1
+    assert pol.reuse_probability(leaf) == 1 / 10
+    branch.snap_hits = 1
+    assert pol.reuse_probability(branch) == (2 + 1) / (2 + 2)  # 2 reached a 2nd hit, of 2
+
+
+def test_ghost_hits_move_the_balance_and_scale_priorities() -> None:
+    pol = FlopPolicy(CostModel(load_shape("zamba2-7b"), 64))
+    assert pol.balance.gamma == 0.5  # no prior for recency or value
+    node = Node("n", None, 0, 832, 0)
+    node.has_snapshot = True
+    node.children["c"] = Node("c", node, 832, 896, 0)  # interior: only its state is freed
+    eff = pol._efficiency(node, True)
+    base = pol.snapshot_priority(node, 0)
+    assert base is not None and math.isclose(base, pol._weight(node) * pol.balance.scale(eff))
+    pol.balance.gamma = 0.0
+    assert pol.snapshot_priority(node, 0) == pol._weight(node)  # recency only

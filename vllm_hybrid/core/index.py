@@ -81,6 +81,10 @@ class PrefixIndex:
         self._heap: list[tuple[float, int, int, Node, int]] = []
         self._seq = 0
         self._log: Eviction | None = Eviction() if record_evictions else None
+        # Optional policy hook, called before an entry goes: (node, snapshot_only, entries held).
+        self._on_evicted: Callable[[Node, bool, int], None] | None = getattr(
+            policy, "on_evicted", None
+        )
 
     # ----------------------------------------------------------------- queries
     @property
@@ -268,7 +272,10 @@ class PrefixIndex:
                 break
             priority, kind, node = entry
             self.policy.on_evict(priority)
-            if kind == _SNAP and node.n_tokens == self.block_tokens:
+            snapshot_only = kind == _SNAP and node.n_tokens == self.block_tokens
+            if self._on_evicted is not None:
+                self._on_evicted(node, snapshot_only, self.n_snapshots + len(self._by_key))
+            if snapshot_only:
                 self._drop_snapshot(node, out)
             else:
                 self._evict_subtree(node, out)

@@ -21,6 +21,7 @@ import bisect
 from collections.abc import Hashable
 
 from vllm_hybrid.core.cost import CostModel
+from vllm_hybrid.core.ghosts import GhostBalance
 from vllm_hybrid.core.node import Node
 from vllm_hybrid.core.policy import AdmitContext
 
@@ -179,12 +180,14 @@ class MarconiPolicy(_Base):
 
 
 class FlopPolicy(_Base):
-    """Ours: GreedyDual-Size-Frequency on FLOPs saved per byte held.
+    """Ours: GreedyDual-Size-Frequency on FLOPs saved per byte held, balanced ARC-style.
 
-    ``priority = clock + (hits + 1) * P(another hit) * saved_flops / bytes``, P learned online;
-    ``clock`` is the priority of the last evicted entry, so entries not used for a while fall
-    below newly used ones (aging) with no tuned weight. ``saved_flops`` is the prefill a hit
-    here saves over the next snapshot above.
+    ``priority = clock + (hits + 1) * P(another hit) * (eff / eff_ref) ** gamma`` with
+    ``eff = saved_flops / bytes``; P is learned online (per hit count, apart for branch points),
+    ``gamma`` in [0, 1] by ghost hits (:mod:`vllm_hybrid.core.ghosts`: 0 ranks by recency, 1 by
+    value). ``clock`` is the priority of the last evicted entry, so entries not used for a while
+    fall below newly used ones (aging). ``saved_flops`` is the prefill a hit here saves over the
+    next snapshot above.
     """
 
     name = "flop"
@@ -205,14 +208,24 @@ class FlopPolicy(_Base):
         self._inserted = [0] * 2 * _DEPTH_CLASSES
         self._reused = [0] * 2 * _DEPTH_CLASSES
         self._reused_origins: set[int] = set()
-        # reached[k]: snapshots that got a k-th hit (the last slot counts every hit past the
-        # cap), so P(another hit | k hits) is learned online: chat histories are resumed once
-        # and die, shared prefixes are resumed again and again.
-        self._reached = [0] * (_HIT_CAP + 2)
+        # reached[branch][k]: snapshots that got a k-th hit (the last slot counts every hit
+        # past the cap), so P(another hit | k hits) is learned online: chat histories are
+        # resumed once and die, shared prefixes are resumed again and again. Branch points
+        # (two or more continuations) are counted apart, so the many turn ends of chat and
+        # agent sessions do not condemn a shared system prompt's state after its first hit.
+        self._reached = [[0] * (_HIT_CAP + 2), [0] * (_HIT_CAP + 2)]
+        # The unit of value: a hit that saves one interval from the start, per byte it holds.
+        ref_bytes = self.interval_tokens * cost.kv_bytes_per_token + cost.snapshot_bytes
+        ref = cost.span_flops(0, self.interval_tokens) / max(ref_bytes, 1)
+        self.balance = GhostBalance(self.block_tokens, ref)
+        self._now = 0
 
     def observe(self, ctx: AdmitContext, hit_node: Node) -> None:
+        self._now = max(self._now, ctx.request_index)
+        self.balance.observe(ctx)
         if ctx.hit_tokens:
-            self._reached[min(hit_node.snap_hits, _HIT_CAP + 1)] += 1
+            reached = self._reached[hit_node.n_children >= 2]
+            reached[min(hit_node.snap_hits, _HIT_CAP + 1)] += 1
         origin = hit_node.origin
         if ctx.hit_tokens and origin in self._class_of and origin not in self._reused_origins:
             self._reused_origins.add(origin)
@@ -226,10 +239,11 @@ class FlopPolicy(_Base):
     def reuse_probability(self, node: Node) -> float:
         """Learned P(another hit): by hit count once resumed from, else by inserter class."""
         k = node.snap_hits
+        reached = self._reached[node.n_children >= 2]
         if k >= _HIT_CAP:
-            return (self._reached[_HIT_CAP + 1] + 1) / (sum(self._reached[_HIT_CAP:]) + 2)
+            return (reached[_HIT_CAP + 1] + 1) / (sum(reached[_HIT_CAP:]) + 2)
         if k:
-            return (self._reached[k + 1] + 1) / (self._reached[k] + 2)
+            return (reached[k + 1] + 1) / (reached[k] + 2)
         if node.origin not in self._class_of:
             return 1.0
         cls = self._class_of[node.origin]
@@ -247,18 +261,29 @@ class FlopPolicy(_Base):
             return None
         if not node.has_snapshot:
             return self.clock  # dead KV: saves nothing
-        prev_end, chain_bytes = _segment(node)
-        saved = self.cost.span_flops(prev_end, node.end_tokens)
-        freq = self._weight(node)
-        return self.clock + freq * saved / (chain_bytes + self.cost.snapshot_bytes)
+        self._now = max(self._now, now)
+        return self.clock + self._weight(node) * self.balance.scale(self._efficiency(node, False))
 
     def snapshot_priority(self, node: Node, now: int) -> float | None:
         if node.is_leaf:
             return None
-        prev_end, _ = _segment(node)
+        self._now = max(self._now, now)
+        return self.clock + self._weight(node) * self.balance.scale(self._efficiency(node, True))
+
+    def _efficiency(self, node: Node, snapshot_only: bool) -> float:
+        """FLOPs a hit here saves over the snapshot above, per byte its eviction frees."""
+        prev_end, chain_bytes = _segment(node)
         saved = self.cost.span_flops(prev_end, node.end_tokens)
-        freq = self._weight(node)
-        return self.clock + freq * saved / max(self.cost.snapshot_bytes, 1)
+        freed = self.cost.snapshot_bytes + (0 if snapshot_only else chain_bytes)
+        return saved / max(freed, 1)
+
+    def on_evicted(self, node: Node, snapshot_only: bool, live_entries: int) -> None:
+        """Index hook (before the entry goes): remember it as a ghost of what evicted it."""
+        if not node.has_snapshot:
+            return  # dead KV: nothing a later request could have resumed from
+        eff = self._efficiency(node, snapshot_only)
+        age = self._now - max(node.last_access, node.snap_access)
+        self.balance.on_evicted(node.key, node.end_tokens, eff, age, live_entries)
 
     def snapshot_positions(self, ctx: AdmitContext) -> list[int]:
         out = ctx.end_positions()

@@ -8,6 +8,10 @@ A policy never touches the index or a pool. It answers three questions:
 * :meth:`EvictionPolicy.snapshot_priority`: the same for the snapshot alone (the KV stays).
 * :meth:`AdmissionPolicy.snapshot_positions`: where a request should leave state snapshots.
 
+Optional hook: a policy with ``on_evicted(node, snapshot_only, entries_held)`` is told of each
+victim just before it goes (``snapshot_only``: only its state goes, the KV stays), e.g. to keep
+ghosts of evicted keys. It must not touch the index; policies without it are unaffected.
+
 A priority computed at one time must stay comparable with priorities computed later for other
 nodes, because the index keeps them in one heap (GreedyDual-style clocks do this by design).
 """
@@ -38,6 +42,8 @@ class AdmitContext:
     last block can be matched later (its content is known). ``kv_tokens`` is the longest cached
     KV prefix before this request (block aligned), ``hit_tokens`` the snapshot it resumed from,
     ``kv_tip_branches`` whether cached paths continue past ``kv_tokens`` (a branch point).
+    ``key_at(p)`` is the key of the request's node ending at ``p``; ``probe(block_index,
+    n_tokens)``, where given, the key of a partial block (to check exact ends).
     """
 
     request_index: int
@@ -49,6 +55,7 @@ class AdmitContext:
     block_tokens: int
     exact_end: bool
     key_at: Callable[[int], Hashable]
+    probe: Callable[[int, int], Hashable] | None = None
 
     @property
     def last_boundary_tokens(self) -> int:

@@ -121,6 +121,7 @@ def _serve(
         index.block_tokens,
         req.exact_end,
         kr.key_at,
+        kr.probe,
     )
     policy.observe(ctx, m.hit_node)  # type: ignore[attr-defined]
     positions = policy.snapshot_positions(ctx)  # type: ignore[attr-defined]
