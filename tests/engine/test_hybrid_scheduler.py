@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from tests.engine.conftest import engine, greedy
+from tests.engine.conftest import engine, greedy, vllm
 from vllm_hybrid.testing.fixtures import tiny_model_dir
 
 pytestmark = pytest.mark.engine
@@ -64,3 +64,50 @@ def test_policy_eviction_keeps_outputs(policy, reference, model_root, monkeypatc
         assert sched.hybrid_checks > 10  # integrity held at every step
         assert pool.hy_policy_pages > 0  # the policy chose victims
         assert sum(o.num_cached_tokens for w in outs for o in w) > 0  # and hits were served
+
+
+def drive(llm, prompts, max_tokens, abort_at=None):
+    """Step the engine by hand; abort the requests in ``abort_at[1]`` at step ``abort_at[0]``.
+    Returns {request id: output tokens} of the requests that finished."""
+    engine_ = llm.llm_engine
+    params = vllm.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        engine_.add_request(str(i), {"prompt_token_ids": p}, params)
+    done, step = {}, 0
+    while engine_.has_unfinished_requests():
+        step += 1
+        if abort_at and step == abort_at[0]:
+            engine_.abort_request(abort_at[1])
+        for out in engine_.step():
+            if out.finished and out.outputs and out.outputs[0].finish_reason == "length":
+                done[out.request_id] = list(out.outputs[0].token_ids)
+    return done
+
+
+def test_preemption_and_aborts_keep_outputs(model_root, monkeypatch):
+    """Decode past the pool (preemption) and abort some requests mid-flight."""
+    model_dir = tiny_model_dir("zamba2", model_root)
+    rng = random.Random(7)
+    prefix = [rng.randrange(10, 1000) for _ in range(300)]
+    prompts = [prefix + [rng.randrange(10, 1000) for _ in range(40 + 30 * i)] for i in range(8)]
+    pool = {**SMALL_POOL, "num_gpu_blocks_override": 36, "max_num_seqs": 6}
+    aborted = ["1", "4"]
+    with engine(model_dir, enable_prefix_caching=False, **pool) as llm:
+        reference = drive(llm, prompts, max_tokens=80)
+
+    monkeypatch.setenv("VLLM_HYBRID_POLICY", "flop")
+    monkeypatch.setenv("VLLM_HYBRID_DEBUG", "1")
+    with engine(model_dir, enable_prefix_caching=True, scheduler_cls=SCHED, **pool) as llm:
+        sched = scheduler_of(llm)
+        preemptions = []
+        preempt = sched._preempt_request
+        sched._preempt_request = lambda req, *a, **k: (
+            preemptions.append(req),
+            preempt(req, *a, **k),
+        )[1]
+        got = drive(llm, prompts, max_tokens=80, abort_at=(5, aborted))
+        assert set(got) == set(reference) - set(aborted)
+        assert all(got[k] == reference[k] for k in got)
+        assert preemptions, "the pool was meant to force preemption"
+        assert sched.hybrid_checks > 50
+        assert sched.hybrid_pool.hy_policy_pages > 0
