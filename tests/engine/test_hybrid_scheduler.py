@@ -17,7 +17,12 @@ from vllm_hybrid.testing.fixtures import tiny_model_dir
 pytestmark = pytest.mark.engine
 
 SCHED = "vllm_hybrid.adapters.vllm.scheduler.HybridScheduler"
-SMALL_POOL = {"num_gpu_blocks_override": 48, "max_model_len": 2048, "max_num_seqs": 4}
+SMALL_POOL = {
+    "num_gpu_blocks_override": 48,
+    "max_model_len": 2048,
+    "max_num_seqs": 4,
+    "max_num_batched_tokens": 256,  # prefills are chunked
+}
 
 
 def workload(seed: int, vocab: int = 1000) -> list[list[list[int]]]:
@@ -90,7 +95,7 @@ def test_preemption_and_aborts_keep_outputs(model_root, monkeypatch):
     rng = random.Random(7)
     prefix = [rng.randrange(10, 1000) for _ in range(300)]
     prompts = [prefix + [rng.randrange(10, 1000) for _ in range(40 + 30 * i)] for i in range(8)]
-    pool = {**SMALL_POOL, "num_gpu_blocks_override": 36, "max_num_seqs": 6}
+    pool = {"num_gpu_blocks_override": 36, "max_model_len": 2048, "max_num_seqs": 6}
     aborted = ["1", "4"]
     with engine(model_dir, enable_prefix_caching=False, **pool) as llm:
         reference = drive(llm, prompts, max_tokens=80)
