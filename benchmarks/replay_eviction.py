@@ -81,6 +81,7 @@ def run(name: str, model_dir: Path, prompts: list[list[int]], args: Any) -> dict
     wall = time.perf_counter() - start
     pool = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.block_pool
     evicted = getattr(pool, "hy_policy_pages", None)
+    fallback = getattr(pool, "hy_fallback_pages", None)
     llm.llm_engine.engine_core.shutdown()
     del llm
     gc.collect()
@@ -92,6 +93,7 @@ def run(name: str, model_dir: Path, prompts: list[list[int]], args: Any) -> dict
         "computed": total - cached,
         "wall_s": wall,
         "policy_evicted": "-" if evicted is None else evicted,
+        "fallback": "-" if fallback is None else fallback,
         "outputs": outs,
     }
 
@@ -139,12 +141,13 @@ def main() -> None:
         f"batch {args.batch}"
     )
     print(
-        f"{'policy':<10} {'blocks':>6} {'hit rate':>9} {'computed':>9} {'evicted':>8} {'wall s':>7}"
+        f"{'policy':<10} {'blocks':>6} {'hit rate':>9} {'computed':>9} {'evicted':>8} "
+        f"{'fallback':>8} {'wall s':>7}"
     )
     for r in rows:
         print(
             f"{r['policy']:<10} {r['blocks']:>6} {r['hit_rate']:>9.3f} {r['computed']:>9} "
-            f"{r['policy_evicted']!s:>8} {r['wall_s']:>7.1f}"
+            f"{r['policy_evicted']!s:>8} {r['fallback']!s:>8} {r['wall_s']:>7.1f}"
         )
     same = all(r["outputs"] == rows[0]["outputs"] for r in rows)
     print(f"greedy outputs identical across rows: {same}")
