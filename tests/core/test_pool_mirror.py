@@ -210,3 +210,15 @@ def test_random_operations_keep_invariants(ops: list, policy: str) -> None:
             if not pool.in_use & before:  # all free: every policy frees what was asked
                 assert len(victims) >= min(x % 6, len(before))
         mirror.check_integrity()
+
+
+def test_optional_on_evicted_hook_is_called_before_the_unit_goes() -> None:
+    mirror = make("vllm")
+    seen: list[tuple[str, bool, bool]] = []
+    mirror.policy.on_evicted = lambda node, snap, n: seen.append(  # type: ignore[attr-defined]
+        (node.key, snap, node.has_snapshot)
+    )
+    pool = Pool(mirror)
+    pool.cache("a", snap_at={1})
+    pool.evict(3)
+    assert seen and all(has for _, _, has in seen)

@@ -289,6 +289,7 @@ class PoolMirror:
             if kind == _SNAP and not node.has_snapshot:
                 continue
             self.policy.on_evict(prio)
+            self._notify_evicted(node, kind == _SNAP, len(live))
             if kind == _SNAP:
                 pages = self._unit_pages(node, self.state_groups)
                 node.has_snapshot = False
@@ -301,6 +302,13 @@ class PoolMirror:
                     self._push(heap, node.parent, is_free)
             out.extend(p for p in pages if p not in taken)
             taken.update(pages)
+
+    def _notify_evicted(self, node: Node, snapshot_only: bool, live_entries: int) -> None:
+        """The optional ``on_evicted`` hook of ``core/policy.py``, as ``PrefixIndex`` calls it
+        (before the unit goes); ``live_entries`` counts live entries, not KV + snapshots."""
+        hook = getattr(self.policy, "on_evicted", None)
+        if hook is not None:
+            hook(node, snapshot_only, live_entries)
 
     def _unit_pages(self, node: Node, groups: Collection[int]) -> list[int]:
         pages = self._entries[node.key].pages
