@@ -108,59 +108,39 @@ def activate(scheduler: Any) -> HybridBlockPool | None:
 
 
 class _HybridMixin:
-    """Shared by both schedulers: activation, the clock and the debug checks."""
+    """Shared by both schedulers (put first in the bases, so ``super()`` reaches vLLM's class):
+    activation, the policy clock, and the debug checks after every step."""
 
     hybrid_pool: HybridBlockPool | None
     _hy_debug: bool
 
-    def _hy_init(self) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.hybrid_pool = activate(self)
         self._hy_debug = os.environ.get(ENV_DEBUG, "0") == "1"
         self.hybrid_checks = 0
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        if self.hybrid_pool is not None:
+            self.hybrid_pool._hy_mirror.tick()
+        out = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        self._hy_after_step()
+        return out
+
+    def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().update_from_output(*args, **kwargs)  # type: ignore[misc]
+        self._hy_after_step()
+        return out
 
     def _hy_after_step(self) -> None:
         if self.hybrid_pool is not None and self._hy_debug:
             self.hybrid_pool.hy_check_integrity()
             self.hybrid_checks += 1
 
-    def _hy_tick(self) -> None:
-        if self.hybrid_pool is not None:
-            self.hybrid_pool._hy_mirror.tick()
-
 
 class HybridScheduler(_HybridMixin, Scheduler):
     """vLLM's ``Scheduler`` with the core's policy choosing prefix-cache victims."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._hy_init()
-
-    def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        self._hy_tick()
-        out = super().schedule(*args, **kwargs)
-        self._hy_after_step()
-        return out
-
-    def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
-        out = super().update_from_output(*args, **kwargs)
-        self._hy_after_step()
-        return out
-
 
 class HybridAsyncScheduler(_HybridMixin, AsyncScheduler):
     """vLLM's ``AsyncScheduler`` with the core's policy choosing prefix-cache victims."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._hy_init()
-
-    def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        self._hy_tick()
-        out = super().schedule(*args, **kwargs)
-        self._hy_after_step()
-        return out
-
-    def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
-        out = super().update_from_output(*args, **kwargs)
-        self._hy_after_step()
-        return out
