@@ -17,8 +17,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+class _ZeroByDefault:
+    """Layer kinds contribute nothing to a term unless they override it."""
+
+    @property
+    def pair_flops(self) -> int:
+        return 0
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 0
+
+    @property
+    def state_bytes(self) -> int:
+        return 0
+
+
 @dataclass(frozen=True)
-class AttentionLayers:
+class AttentionLayers(_ZeroByDefault):
     """Softmax attention with GQA: ``n_heads`` query heads share ``n_kv_heads`` KV heads."""
 
     count: int
@@ -46,13 +62,9 @@ class AttentionLayers:
     def kv_bytes_per_token(self) -> int:
         return self.count * 2 * self.n_kv_heads * self.head_dim * self.kv_dtype_bytes
 
-    @property
-    def state_bytes(self) -> int:
-        return 0
-
 
 @dataclass(frozen=True)
-class Mamba2Layers:
+class Mamba2Layers(_ZeroByDefault):
     """Mamba2 (SSD) mixer: ``d_inner = n_heads * head_dim``, B and C shared per group."""
 
     count: int
@@ -79,14 +91,6 @@ class Mamba2Layers:
         return self.count * per_layer
 
     @property
-    def pair_flops(self) -> int:
-        return 0
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return 0
-
-    @property
     def state_bytes(self) -> int:
         ssm = self.d_inner * self.d_state
         conv = (self.conv_kernel - 1) * self.conv_dim
@@ -94,7 +98,7 @@ class Mamba2Layers:
 
 
 @dataclass(frozen=True)
-class Mamba1Layers:
+class Mamba1Layers(_ZeroByDefault):
     """Mamba (S6) mixer with a per-channel, per-state input-dependent decay."""
 
     count: int
@@ -117,14 +121,6 @@ class Mamba1Layers:
         return self.count * per_layer
 
     @property
-    def pair_flops(self) -> int:
-        return 0
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return 0
-
-    @property
     def state_bytes(self) -> int:
         ssm = self.d_inner * self.d_state
         conv = (self.conv_kernel - 1) * self.d_inner
@@ -132,7 +128,7 @@ class Mamba1Layers:
 
 
 @dataclass(frozen=True)
-class MLPLayers:
+class MLPLayers(_ZeroByDefault):
     """Dense MLP; ``gated`` (SwiGLU/GeGLU) has three matrices, plain (relu^2, gelu) two."""
 
     count: int
@@ -145,21 +141,9 @@ class MLPLayers:
         n_matrices = 3 if self.gated else 2
         return self.count * 2 * self.d_model * self.d_ffn * n_matrices
 
-    @property
-    def pair_flops(self) -> int:
-        return 0
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return 0
-
-    @property
-    def state_bytes(self) -> int:
-        return 0
-
 
 @dataclass(frozen=True)
-class MoELayers:
+class MoELayers(_ZeroByDefault):
     """Mixture of experts: a router, ``n_active`` routed experts and optional shared experts."""
 
     count: int
@@ -178,21 +162,9 @@ class MoELayers:
         per_layer += 2 * self.d_model * self.d_ffn_shared * n_matrices
         return self.count * per_layer
 
-    @property
-    def pair_flops(self) -> int:
-        return 0
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return 0
-
-    @property
-    def state_bytes(self) -> int:
-        return 0
-
 
 @dataclass(frozen=True)
-class LinearLayers:
+class LinearLayers(_ZeroByDefault):
     """Plain projections outside the blocks above (e.g. Zamba2's per-invocation output linear)."""
 
     count: int
@@ -202,18 +174,6 @@ class LinearLayers:
     @property
     def linear_flops_per_token(self) -> int:
         return self.count * 2 * self.d_in * self.d_out
-
-    @property
-    def pair_flops(self) -> int:
-        return 0
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return 0
-
-    @property
-    def state_bytes(self) -> int:
-        return 0
 
 
 LayerGroup = AttentionLayers | Mamba2Layers | Mamba1Layers | MLPLayers | MoELayers | LinearLayers
