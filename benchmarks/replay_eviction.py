@@ -8,8 +8,8 @@ batches of ``--batch`` concurrent requests. Prints the token hit rate (sum of ea
 
     .venv/bin/python benchmarks/replay_eviction.py --gen chat --requests 120 --blocks 96
 
-Rows: ``stock`` is vLLM's scheduler (prefix caching on, align mode, LRU eviction); any other
-name is ``HybridScheduler`` with ``VLLM_HYBRID_POLICY=<name>``; ``stock-big`` is stock with a
+Rows: ``stock`` is vLLM's own cache (prefix caching on, align mode, LRU eviction; our plugin's
+settings say ``policy: stock``); any other name is our scheduler with that policy; ``stock-big`` is stock with a
 pool 16x larger (a bound for this workload, not a policy).
 """
 
@@ -34,7 +34,6 @@ from vllm_hybrid.sim.generators import GENERATORS  # noqa: E402
 from vllm_hybrid.sim.trace import SimRequest  # noqa: E402
 from vllm_hybrid.testing.fixtures import ENGINE_KWARGS, tiny_model_dir  # noqa: E402
 
-SCHED = "vllm_hybrid.adapters.vllm.scheduler.HybridScheduler"
 VOCAB = 1000
 
 
@@ -61,9 +60,8 @@ def run(name: str, model_dir: Path, prompts: list[list[int]], args: Any) -> dict
 
     blocks = args.blocks * (16 if name == "stock-big" else 1)
     kwargs = {**ENGINE_KWARGS, "max_model_len": args.max_len, "max_num_seqs": args.batch}
-    if not name.startswith("stock"):
-        os.environ["VLLM_HYBRID_POLICY"] = name
-        kwargs["scheduler_cls"] = SCHED
+    policy = "stock" if name.startswith("stock") else name
+    kwargs["additional_config"] = {"vllm_hybrid": {"policy": policy}}
     llm = vllm.LLM(
         model=str(model_dir),
         seed=0,

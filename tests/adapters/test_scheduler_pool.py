@@ -108,12 +108,19 @@ def test_reset_and_move_keep_the_mirror_in_sync() -> None:
     assert len(pool._hy_mirror) == 0
 
 
-def test_bad_policy_name_lists_the_valid_ones(monkeypatch) -> None:
-    monkeypatch.setenv(scheduler.ENV_POLICY, "belady-ish")
-    with pytest.raises(ValueError, match="valid names: flop, lru-dense, marconi, sglang, vllm"):
-        scheduler.policy_from_env(B)
-    monkeypatch.setenv(scheduler.ENV_POLICY, "vllm")
-    assert scheduler.policy_from_env(B).name == "vllm"
+def test_settings_come_from_additional_config_over_the_environment(monkeypatch) -> None:
+    from vllm_hybrid.adapters.vllm.config import load_config
+    from vllm_hybrid.core.config import ConfigError
+
+    monkeypatch.setenv("VLLM_HYBRID_POLICY", "sglang")
+    assert load_config(SimpleNamespace(additional_config={})).policy == "sglang"
+    given = {"vllm_hybrid": {"policy": "vllm", "debug": True}}
+    got = load_config(SimpleNamespace(additional_config=given))
+    assert (got.policy, got.debug) == ("vllm", True)
+    with pytest.raises(ConfigError, match="valid: stock, flop, lru-dense, marconi, sglang, vllm"):
+        load_config(SimpleNamespace(additional_config={"vllm_hybrid": {"policy": "belady-ish"}}))
+    with pytest.raises(ConfigError, match="must be an object"):
+        load_config(SimpleNamespace(additional_config={"vllm_hybrid": "flop"}))
 
 
 def test_activation_only_for_mamba_hybrids_with_caching() -> None:
@@ -125,9 +132,13 @@ def test_activation_only_for_mamba_hybrids_with_caching() -> None:
             block_size=16, num_kv_heads=1, head_size=64, dtype=torch.float32
         )
     )
-    off = SimpleNamespace(cache_config=SimpleNamespace(enable_prefix_caching=False))
+    no_settings = SimpleNamespace(additional_config={})
+    off = SimpleNamespace(
+        vllm_config=no_settings, cache_config=SimpleNamespace(enable_prefix_caching=False)
+    )
     assert scheduler.activate(off) is None
     attention_only = SimpleNamespace(
+        vllm_config=no_settings,
         cache_config=SimpleNamespace(enable_prefix_caching=True),
         kv_cache_config=SimpleNamespace(kv_cache_groups=[attn]),
     )

@@ -19,21 +19,30 @@ class CostModel:
 
     shape: ModelShape
     block_tokens: int
+    #: ``(KV bytes per token, bytes per snapshot)`` as the engine really holds them (e.g. its
+    #: padded pages), in place of the shape's natural sizes; None: the shape's.
+    held_bytes: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.block_tokens <= 0:
             raise ValueError(f"block_tokens must be positive, got {self.block_tokens}")
+        if self.held_bytes is not None and min(self.held_bytes) <= 0:
+            raise ValueError(f"held bytes must be positive, got {self.held_bytes}")
 
     @property
     def kv_bytes_per_token(self) -> int:
+        if self.held_bytes is not None:
+            return self.held_bytes[0]
         return self.shape.kv_bytes_per_token
 
     @property
     def kv_bytes_per_block(self) -> int:
-        return self.shape.kv_bytes_per_token * self.block_tokens
+        return self.kv_bytes_per_token * self.block_tokens
 
     @property
     def snapshot_bytes(self) -> int:
+        if self.held_bytes is not None:
+            return self.held_bytes[1]
         return self.shape.snapshot_bytes
 
     def span_flops(self, a_tokens: int, b_tokens: int) -> float:

@@ -104,3 +104,19 @@ def load_shape(name_or_path: str) -> ModelShape:
     if not isinstance(data, dict):
         raise ShapeError(f"{where}: top level must be an object")
     return shape_from_dict(data, where)
+
+
+#: The shipped shape whose FLOPs stand in for a model of each HF ``model_type`` (``auto``).
+SHAPE_BY_MODEL_TYPE = {
+    "zamba2": "zamba2-2.7b",
+    "nemotron_h": "nemotron-h-8b",
+    "granitemoehybrid": "granite-4.0-h-small",
+    "falcon_h1": "falcon-h1-7b",
+    "jamba": "jamba-1.5-mini",
+}
+DEFAULT_SHAPE = "zamba2-2.7b"
+
+
+def shape_name_for_model_type(model_type: str) -> str:
+    """The shipped shape for an HF ``model_type``, or :data:`DEFAULT_SHAPE` for others."""
+    return SHAPE_BY_MODEL_TYPE.get(model_type, DEFAULT_SHAPE)

@@ -36,6 +36,7 @@ from vllm.v1.core.kv_cache_utils import (
     get_group_id,
 )
 
+from vllm_hybrid.core.feed import RequestFeed
 from vllm_hybrid.core.pool_mirror import PoolMirror
 
 logger = logging.getLogger("vllm_hybrid")
@@ -50,6 +51,8 @@ class HybridBlockPool(BlockPool):
     hy_policy_pages: int
     hy_fallback_pages: int
     hy_evict_calls: int
+    hy_feed: RequestFeed | None  # set by the scheduler's activate()
+    hy_debug: bool
 
     # ---------------------------------------------------------------- mirroring the hash map
     def cache_full_blocks(self, request: Any, *args: Any, **kwargs: Any) -> None:
@@ -214,4 +217,6 @@ def install(pool: BlockPool, mirror: PoolMirror) -> HybridBlockPool:
     hybrid._hy_request = None
     hybrid._hy_quiet = False
     hybrid.hy_policy_pages = hybrid.hy_fallback_pages = hybrid.hy_evict_calls = 0
+    hybrid.hy_feed = None
+    hybrid.hy_debug = False
     return hybrid

@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import os
 
+from vllm_hybrid.adapters.vllm.version import check_vllm_version
+
 logger = logging.getLogger("vllm_hybrid")
 
 #: Set to 0 to load vLLM with vllm-hybrid installed but inactive (for A/B runs).
@@ -31,3 +33,35 @@ def register() -> None:
         from vllm_hybrid.adapters.vllm.cpu_mamba2 import patch_cpu_mamba2_prefix_caching
 
         patch_cpu_mamba2_prefix_caching()
+    select_hybrid_scheduler()
+
+
+def select_hybrid_scheduler() -> bool:
+    """Make our schedulers vLLM's default: where no ``scheduler_cls`` is configured,
+    ``SchedulerConfig.get_scheduler_cls`` (``vllm/config/scheduler.py``, called once by
+    ``EngineCore.__init__``) returns ``HybridAsyncScheduler`` or ``HybridScheduler`` (matching
+    ``async_scheduling``) instead of vLLM's. They stay vLLM's own schedulers unless the model is
+    a hybrid with prefix caching on (``scheduler.py::activate``). An explicit
+    ``--scheduler-cls`` is left alone. Idempotent; refused on another vLLM version."""
+    from vllm.config.scheduler import SchedulerConfig
+
+    original = SchedulerConfig.get_scheduler_cls
+    if getattr(original, "_vllm_hybrid", False):
+        return True
+    if not check_vllm_version("automatic scheduler selection"):
+        return False
+
+    def get_scheduler_cls(self: SchedulerConfig) -> type:
+        if self.scheduler_cls is None:
+            from vllm_hybrid.adapters.vllm import scheduler
+
+            return (
+                scheduler.HybridAsyncScheduler
+                if self.async_scheduling
+                else scheduler.HybridScheduler
+            )
+        return original(self)
+
+    get_scheduler_cls._vllm_hybrid = True  # type: ignore[attr-defined]
+    SchedulerConfig.get_scheduler_cls = get_scheduler_cls  # type: ignore[method-assign]
+    return True

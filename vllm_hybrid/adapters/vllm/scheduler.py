@@ -1,6 +1,7 @@
-"""Scheduler subclasses that put a core eviction policy in charge of vLLM's prefix cache.
+"""Scheduler subclasses that put the core in charge of vLLM's prefix cache for hybrid models.
 
-Use them explicitly (vLLM 0.32.0)::
+The plugin selects them automatically (``plugin.py::select_hybrid_scheduler``); explicitly
+(vLLM 0.32.0)::
 
     LLM(model, enable_prefix_caching=True,
         scheduler_cls="vllm_hybrid.adapters.vllm.scheduler.HybridScheduler")
@@ -9,55 +10,41 @@ Use them explicitly (vLLM 0.32.0)::
 
 (``HybridAsyncScheduler`` where vLLM runs its ``AsyncScheduler``.) After ``Scheduler.__init__``
 (``vllm/v1/core/sched/scheduler.py``, which builds ``KVCacheManager`` -> coordinator -> one shared
-``BlockPool``) they activate only when prefix caching is on and the KV cache config has a
-``MambaSpec`` group next to full-attention groups, all of one block size, on the pinned vLLM
-version; otherwise they are vLLM's schedulers, unchanged. Activation swaps the pool's class to
-:class:`~vllm_hybrid.adapters.vllm.block_pool.HybridBlockPool`.
+``BlockPool``) they activate only when prefix caching is on, the KV cache config has a
+``MambaSpec`` group next to full-attention groups, all of one block size, the settings' policy is
+not ``stock`` and vLLM is the pinned version; otherwise they are vLLM's schedulers, unchanged.
+Activation (:func:`activate`):
 
-Environment (read when the engine starts):
+* eviction: swaps the pool's class to
+  :class:`~vllm_hybrid.adapters.vllm.block_pool.HybridBlockPool` (the policy picks victims);
+* admission: sets the coordinator's snapshot retention interval
+  (``KVCacheCoordinator.retention_interval``, read by ``MambaManager.cache_blocks`` through
+  ``reachable_block_mask`` at every step) to the policy's periodic interval; prompt ends and
+  shared-prefix junctions are always kept, at their exact (hash-block) positions, by vLLM's
+  prefill checkpoint;
+* learning: every request, when first scheduled, is fed to the policy (``core/feed.py``).
 
-* ``VLLM_HYBRID_POLICY``: eviction policy, one of ``core.policies.POLICIES``
-  (``vllm``, ``lru-dense``, ``sglang``, ``marconi``, ``flop``); default ``flop``.
-* ``VLLM_HYBRID_SHAPE``: built-in shape name or JSON path for the policy's cost model
-  (FLOPs saved per byte); default ``zamba2-2.7b``. Only the ranking depends on it.
-* ``VLLM_HYBRID_DEBUG=1``: check the mirror's invariants and that it equals vLLM's hash map and
-  free queue after every ``schedule()`` and ``update_from_output()`` (O(pool) per step).
+Settings: ``additional_config={"vllm_hybrid": {...}}`` or environment, see ``config.py``.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from vllm_hybrid.adapters.vllm.block_pool import HybridBlockPool, install
+from vllm_hybrid.adapters.vllm.config import engine_cost_model, load_config
+from vllm_hybrid.adapters.vllm.metrics import attach_hybrid_stats
 from vllm_hybrid.adapters.vllm.version import check_vllm_version
-from vllm_hybrid.core.cost import CostModel
+from vllm_hybrid.core.config import periodic_interval
+from vllm_hybrid.core.feed import RequestFeed
 from vllm_hybrid.core.policies import POLICIES
 from vllm_hybrid.core.pool_mirror import PoolMirror
-from vllm_hybrid.core.shapes import load_shape
 
 logger = logging.getLogger("vllm_hybrid")
-
-ENV_POLICY = "VLLM_HYBRID_POLICY"
-ENV_SHAPE = "VLLM_HYBRID_SHAPE"
-ENV_DEBUG = "VLLM_HYBRID_DEBUG"
-DEFAULT_POLICY = "flop"
-DEFAULT_SHAPE = "zamba2-2.7b"
-
-
-def policy_from_env(block_tokens: int) -> Any:
-    """The policy object named by ``$VLLM_HYBRID_POLICY``; ValueError listing valid names."""
-    name = os.environ.get(ENV_POLICY, DEFAULT_POLICY).strip()
-    if name not in POLICIES:
-        raise ValueError(
-            f"{ENV_POLICY}={name!r} is not a policy; valid names: {', '.join(sorted(POLICIES))}"
-        )
-    cost = CostModel(load_shape(os.environ.get(ENV_SHAPE, DEFAULT_SHAPE)), block_tokens)
-    return POLICIES[name](cost)
 
 
 def _groups(kv_cache_config: Any) -> tuple[list[int], list[int], set[int]] | None:
@@ -78,69 +65,114 @@ def _groups(kv_cache_config: Any) -> tuple[list[int], list[int], set[int]] | Non
 
 
 def activate(scheduler: Any) -> HybridBlockPool | None:
-    """Install the hybrid pool on ``scheduler``'s shared pool if the model and config call for
-    it; returns it, or None (the scheduler stays stock)."""
-    if not scheduler.cache_config.enable_prefix_caching:
+    """Put the core in charge of ``scheduler``'s prefix cache if the model and settings call
+    for it; returns the hybrid pool, or None (the scheduler stays stock). Bad settings raise
+    :class:`~vllm_hybrid.core.config.ConfigError` even where the cache would stay stock."""
+    config = load_config(scheduler.vllm_config)
+    if not scheduler.cache_config.enable_prefix_caching or not config.enabled:
         return None
     groups = _groups(scheduler.kv_cache_config)
     if groups is None or not groups[0] or not groups[1]:
         return None  # not a (full attention + Mamba) hybrid: stock path
     kv, state, sizes = groups
-    pool = scheduler.kv_cache_manager.block_pool
-    managers = scheduler.kv_cache_manager.coordinator.single_type_managers
-    if len(sizes) != 1 or any(m.block_pool is not pool for m in managers):
-        logger.warning("vllm-hybrid: mixed block sizes or pools; eviction stays vLLM's LRU")
+    manager = scheduler.kv_cache_manager
+    pool = manager.block_pool
+    coordinator = manager.coordinator
+    if len(sizes) != 1 or any(m.block_pool is not pool for m in coordinator.single_type_managers):
+        logger.warning("vllm-hybrid: mixed block sizes or pools; the cache stays vLLM's")
         return None
     if not check_vllm_version("the hybrid block pool"):
         return None
     block_tokens = sizes.pop()
-    policy = policy_from_env(block_tokens)
+    cost = engine_cost_model(
+        config, scheduler.vllm_config, scheduler.kv_cache_config, block_tokens, kv, state
+    )
+    policy = POLICIES[config.policy](cost)
     mirror = PoolMirror(block_tokens=block_tokens, kv_groups=kv, state_groups=state, policy=policy)
+    if config.snapshot_every != "engine":
+        interval = periodic_interval(
+            config.snapshot_every, getattr(policy, "interval_tokens", None), block_tokens
+        )
+        # None is vLLM's "dense" (a state at every block); 0 keeps prompt ends and junctions.
+        retention = None if interval == block_tokens else interval
+        coordinator.retention_interval = retention
+        scheduler.kv_cache_config.prefix_cache_retention_interval = retention
+    hybrid = install(pool, mirror)
+    hybrid.hy_feed = RequestFeed(policy, cost, pool.hash_block_size)
+    hybrid.hy_debug = config.debug
     logger.info(
-        "vllm-hybrid: %s eviction on %d blocks of %d tokens (attention groups %s, Mamba %s)",
+        "vllm-hybrid: %s policy on %d blocks of %d tokens (attention groups %s, Mamba %s), "
+        "periodic snapshots: %s",
         policy.name,
         pool.num_gpu_blocks,
         block_tokens,
         kv,
         state,
+        coordinator.retention_interval,
     )
-    return install(pool, mirror)
+    return hybrid
 
 
 class _HybridMixin:
     """Shared by both schedulers (put first in the bases, so ``super()`` reaches vLLM's class):
-    activation, the policy clock, and the debug checks after every step."""
+    activation, feeding started requests to the policy, stats, and the debug checks."""
 
     hybrid_pool: HybridBlockPool | None
-    _hy_debug: bool
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.hybrid_pool = activate(self)
-        self._hy_debug = os.environ.get(ENV_DEBUG, "0") == "1"
         self.hybrid_checks = 0
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        if self.hybrid_pool is not None:
-            self.hybrid_pool._hy_mirror.tick()
         out = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        if self.hybrid_pool is not None:
+            self._hy_feed_started(out)
         self._hy_after_step()
         return out
+
+    def _hy_feed_started(self, out: Any) -> None:
+        """Each request scheduled for the first time (``SchedulerOutput.scheduled_new_reqs``),
+        with the hit it runs with (``NewRequestData.num_computed_tokens``: the tokens computed
+        before this step, i.e. the prefix-cache hit) and the cached KV beyond it
+        (``Request.shared_prefix_boundary``, from ``KVCacheManager.get_computed_blocks``)."""
+        pool = self.hybrid_pool
+        assert pool is not None
+        mirror = pool._hy_mirror
+        for new in out.scheduled_new_reqs:
+            request = self.requests.get(new.req_id)  # type: ignore[attr-defined]
+            if request is None:
+                continue
+            hit = new.num_computed_tokens
+            pool.hy_feed.started(
+                mirror.tick(),
+                request.num_prompt_tokens,
+                hit,
+                max(hit, request.shared_prefix_boundary),
+                request.block_hashes,
+                mirror.node_of,
+            )
 
     def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
         out = super().update_from_output(*args, **kwargs)  # type: ignore[misc]
         self._hy_after_step()
         return out
 
+    def make_stats(self, *args: Any, **kwargs: Any) -> Any:
+        stats = super().make_stats(*args, **kwargs)  # type: ignore[misc]
+        if stats is not None and self.hybrid_pool is not None:
+            attach_hybrid_stats(self.hybrid_pool, stats)
+        return stats
+
     def _hy_after_step(self) -> None:
-        if self.hybrid_pool is not None and self._hy_debug:
+        if self.hybrid_pool is not None and self.hybrid_pool.hy_debug:
             self.hybrid_pool.hy_check_integrity()
             self.hybrid_checks += 1
 
 
 class HybridScheduler(_HybridMixin, Scheduler):
-    """vLLM's ``Scheduler`` with the core's policy choosing prefix-cache victims."""
+    """vLLM's ``Scheduler`` with the core deciding its prefix cache for hybrid models."""
 
 
 class HybridAsyncScheduler(_HybridMixin, AsyncScheduler):
-    """vLLM's ``AsyncScheduler`` with the core's policy choosing prefix-cache victims."""
+    """vLLM's ``AsyncScheduler`` with the core deciding its prefix cache for hybrid models."""

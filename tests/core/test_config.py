@@ -1,0 +1,49 @@
+"""Settings: mapping over environment over defaults; every bad value fails with its name."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_hybrid.core.config import ConfigError, HybridCacheConfig, periodic_interval
+
+
+def test_defaults_and_precedence() -> None:
+    assert HybridCacheConfig.from_sources(None, {}) == HybridCacheConfig()
+    env = {"VLLM_HYBRID_POLICY": "vllm", "VLLM_HYBRID_DEBUG": "1", "VLLM_HYBRID_SNAPSHOT_EVERY": "0"}
+    got = HybridCacheConfig.from_sources(None, env)
+    assert (got.policy, got.debug, got.snapshot_every) == ("vllm", True, 0)
+    got = HybridCacheConfig.from_sources({"policy": "stock", "debug": False}, env)
+    assert (got.policy, got.debug, got.enabled) == ("stock", False, False)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"policy": "lfu"}, "policy 'lfu' is not a policy; valid: stock, flop"),
+        ({"polcy": "flop"}, r"unknown setting\(s\) \['polcy'\]"),
+        ({"snapshot_every": -128}, "snapshot_every -128 must be one of auto, engine, dense"),
+        ({"snapshot_every": "often"}, "snapshot_every 'often'"),
+        ({"snapshot_every": True}, "snapshot_every True"),
+        ({"debug": "maybe"}, "debug 'maybe' must be true or false"),
+        ({"shape": " "}, "shape must not be empty"),
+    ],
+)
+def test_bad_values_name_the_setting(settings: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        HybridCacheConfig.from_sources(settings, {})
+
+
+def test_bad_environment_is_refused_too() -> None:
+    with pytest.raises(ConfigError, match="policy 'nope'"):
+        HybridCacheConfig.from_sources({}, {"VLLM_HYBRID_POLICY": "nope"})
+
+
+def test_periodic_interval() -> None:
+    assert periodic_interval("dense", 1024, 128) == 128
+    assert periodic_interval("auto", 1000, 128) == 1024
+    assert periodic_interval("auto", 10, 128) == 128
+    assert periodic_interval("auto", None, 128) == 0
+    assert periodic_interval(0, 1024, 128) == 0
+    assert periodic_interval(512, None, 128) == 512
+    with pytest.raises(ConfigError, match="multiple of the block size"):
+        periodic_interval(500, None, 128)

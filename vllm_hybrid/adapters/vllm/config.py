@@ -1,0 +1,68 @@
+"""Reading the hybrid cache's settings and costs out of vLLM's configuration (vLLM 0.32.0).
+
+Settings travel in ``VllmConfig.additional_config["vllm_hybrid"]``, vLLM's field for settings of
+out-of-tree code (``vllm/config/vllm.py``); it reaches the engine core with the rest of the
+config and enters vLLM's config hash. From the command line and Python::
+
+    vllm serve MODEL --enable-prefix-caching \\
+        --additional-config '{"vllm_hybrid": {"policy": "flop", "debug": false}}'
+    LLM(MODEL, enable_prefix_caching=True,
+        additional_config={"vllm_hybrid": {"policy": "flop"}})
+
+The keys, their environment variables and defaults are in ``core/config.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from vllm_hybrid.core.config import ConfigError, HybridCacheConfig
+from vllm_hybrid.core.cost import CostModel
+from vllm_hybrid.core.shapes import load_shape, shape_name_for_model_type
+
+logger = logging.getLogger("vllm_hybrid")
+
+SECTION = "vllm_hybrid"
+
+
+def load_config(vllm_config: Any) -> HybridCacheConfig:
+    """The validated settings of this engine; ConfigError (a ValueError) on a bad value."""
+    extra = getattr(vllm_config, "additional_config", None) or {}
+    section = extra.get(SECTION) if isinstance(extra, dict) else None
+    if section is not None and not isinstance(section, dict):
+        raise ConfigError(
+            f'additional_config["{SECTION}"] must be an object, got {type(section).__name__}'
+        )
+    return HybridCacheConfig.from_sources(section, os.environ)
+
+
+def engine_cost_model(
+    config: HybridCacheConfig,
+    vllm_config: Any,
+    kv_cache_config: Any,
+    block_tokens: int,
+    kv_groups: Sequence[int],
+    state_groups: Sequence[int],
+) -> CostModel:
+    """FLOPs from the model's shape (``config.shape``; ``auto`` picks a shipped shape by the
+    HF ``model_type``), bytes as the pool holds them: one page per group, so a block's KV is
+    ``len(kv_groups)`` pages and a snapshot ``len(state_groups)`` pages of the pool's size."""
+    name = config.shape
+    if name == "auto":
+        model_type = getattr(vllm_config.model_config.hf_config, "model_type", "")
+        name = shape_name_for_model_type(model_type)
+    shape = load_shape(name)
+    groups = kv_cache_config.kv_cache_groups
+    kv_page = sum(groups[g].kv_cache_spec.page_size_bytes for g in kv_groups)
+    state_page = sum(groups[g].kv_cache_spec.page_size_bytes for g in state_groups)
+    held = (max(1, kv_page // block_tokens), state_page)
+    logger.info(
+        "vllm-hybrid: cost model: FLOPs of shape %s, bytes held: KV %d B/token, snapshot %d B",
+        shape.name,
+        held[0],
+        held[1],
+    )
+    return CostModel(shape, block_tokens, held_bytes=held)

@@ -1,0 +1,147 @@
+"""The hybrid cache's settings: one validated object, from a mapping and the environment.
+
+Engines hand the user's settings over as a plain mapping (vLLM: the ``"vllm_hybrid"`` entry of
+``--additional-config`` / ``LLM(additional_config=...)``); environment variables fill in what
+the mapping leaves out, then the defaults. Every bad value fails here, at engine start, with a
+message that names the setting and the values it accepts, so nothing is lost later.
+
+==================  =====================  =======================  =========================
+key                 environment            default                  meaning
+==================  =====================  =======================  =========================
+``policy``          VLLM_HYBRID_POLICY     ``flop``                 eviction policy (a name of
+                                                                    ``core.policies.POLICIES``)
+                                                                    or ``stock``: leave the
+                                                                    engine's own cache alone
+``snapshot_every``  VLLM_HYBRID_SNAPSHOT_  ``auto``                 periodic state snapshots:
+                    EVERY                                           ``auto`` (the policy's
+                                                                    interval), ``engine``
+                                                                    (keep the engine's
+                                                                    setting), ``dense`` (every
+                                                                    block) or a token count
+                                                                    (0: only prompt ends and
+                                                                    shared-prefix junctions)
+``shape``           VLLM_HYBRID_SHAPE      ``auto``                 cost model's FLOPs: a
+                                                                    shipped shape, a JSON path,
+                                                                    or ``auto`` (by model type)
+``debug``           VLLM_HYBRID_DEBUG      ``false``                integrity checks after
+                                                                    every scheduler step
+==================  =====================  =======================  =========================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_hybrid.core.policies import POLICIES
+
+STOCK = "stock"
+ENV = {
+    "policy": "VLLM_HYBRID_POLICY",
+    "snapshot_every": "VLLM_HYBRID_SNAPSHOT_EVERY",
+    "shape": "VLLM_HYBRID_SHAPE",
+    "debug": "VLLM_HYBRID_DEBUG",
+}
+SNAPSHOT_MODES = ("auto", "engine", "dense")
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+
+class ConfigError(ValueError):
+    """A setting the hybrid cache cannot run with; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class HybridCacheConfig:
+    """Validated settings (see the module docstring for each field)."""
+
+    policy: str = "flop"
+    snapshot_every: str | int = "auto"
+    shape: str = "auto"
+    debug: bool = False
+
+    @property
+    def enabled(self) -> bool:
+        return self.policy != STOCK
+
+    @classmethod
+    def from_sources(
+        cls, settings: Mapping[str, Any] | None, env: Mapping[str, str]
+    ) -> HybridCacheConfig:
+        """``settings`` (may be None) over ``env`` over the defaults; ConfigError on bad values."""
+        settings = dict(settings or {})
+        unknown = sorted(set(settings) - set(ENV))
+        if unknown:
+            raise ConfigError(
+                f"vllm_hybrid: unknown setting(s) {unknown}; valid: {', '.join(sorted(ENV))}"
+            )
+        raw: dict[str, Any] = {}
+        for key, var in ENV.items():
+            if key in settings:
+                raw[key] = settings[key]
+            elif var in env:
+                raw[key] = env[var]
+        return cls(
+            policy=_policy(raw.get("policy", cls.policy)),
+            snapshot_every=_snapshot_every(raw.get("snapshot_every", cls.snapshot_every)),
+            shape=_nonempty("shape", raw.get("shape", cls.shape)),
+            debug=_flag("debug", raw.get("debug", cls.debug)),
+        )
+
+
+def _policy(value: Any) -> str:
+    name = str(value).strip()
+    if name != STOCK and name not in POLICIES:
+        valid = ", ".join([STOCK, *sorted(POLICIES)])
+        raise ConfigError(f"vllm_hybrid: policy {value!r} is not a policy; valid: {valid}")
+    return name
+
+
+def _snapshot_every(value: Any) -> str | int:
+    text = str(value).strip()
+    if text in SNAPSHOT_MODES:
+        return text
+    if not isinstance(value, bool) and text.isdigit():
+        return int(text)
+    raise ConfigError(
+        f"vllm_hybrid: snapshot_every {value!r} must be one of {', '.join(SNAPSHOT_MODES)} "
+        "or a non-negative token count"
+    )
+
+
+def _nonempty(key: str, value: Any) -> str:
+    text = str(value).strip()
+    if not text:
+        raise ConfigError(f"vllm_hybrid: {key} must not be empty")
+    return text
+
+
+def _flag(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ConfigError(f"vllm_hybrid: {key} {value!r} must be true or false")
+
+
+def periodic_interval(setting: str | int, policy_interval: int | None, block_tokens: int) -> int:
+    """Tokens between periodic snapshots for a resolved ``snapshot_every`` (not ``engine``):
+    ``0`` none (prompt ends and junctions only), ``block_tokens`` every block (``dense``).
+    A token count must be a multiple of ``block_tokens``; ``auto`` uses the policy's
+    ``interval_tokens`` (rounded to blocks) or 0 if it has none."""
+    if setting == "dense":
+        return block_tokens
+    if setting == "auto":
+        if not policy_interval:
+            return 0
+        return max(1, round(policy_interval / block_tokens)) * block_tokens
+    assert isinstance(setting, int)
+    if setting % block_tokens:
+        raise ConfigError(
+            f"vllm_hybrid: snapshot_every {setting} must be a multiple of the block size "
+            f"({block_tokens} tokens)"
+        )
+    return setting
