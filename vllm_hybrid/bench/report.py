@@ -1,0 +1,163 @@
+"""Per-request records, per-policy summaries, the side-by-side table and the JSON file.
+
+What is measured, per request: ``ttft_s`` = wall time from the request's (scaled) arrival to
+its first output token, ``latency_s`` = arrival to last token, ``cached_tokens`` = prompt tokens
+the engine served from its prefix cache (vLLM's ``num_cached_tokens``). Per policy:
+
+* token hit rate = sum(cached tokens) / sum(prompt tokens);
+* prefill tokens computed = sum(prompt tokens) - sum(cached tokens);
+* throughput = (prompt + output tokens) / wall seconds of the replay (first arrival to last
+  token), and requests / wall seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class RequestRecord:
+    """One replayed request as measured (times in seconds from the replay's start)."""
+
+    index: int
+    arrival_s: float
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    ttft_s: float
+    latency_s: float
+    output_token_ids: list[int]
+
+
+@dataclass
+class RowResult:
+    """One policy's replay: the engine's pool size, its wall time and every request."""
+
+    policy: str
+    blocks: int | None
+    wall_s: float
+    time_scale: float
+    records: list[RequestRecord]
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> RowResult:
+        records = [RequestRecord(**r) for r in obj["records"]]
+        return cls(obj["policy"], obj["blocks"], obj["wall_s"], obj["time_scale"], records)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0..100), linear between closest ranks (numpy's default)."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def summarize(row: RowResult) -> dict[str, Any]:
+    """The summary numbers of one row (see the module docstring for their meaning)."""
+    recs = row.records
+    prompt = sum(r.prompt_tokens for r in recs)
+    cached = sum(r.cached_tokens for r in recs)
+    output = sum(r.output_tokens for r in recs)
+    ttft = [r.ttft_s for r in recs]
+    wall = max(row.wall_s, 1e-9)
+    return {
+        "policy": row.policy,
+        "blocks": row.blocks,
+        "requests": len(recs),
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "output_tokens": output,
+        "token_hit_rate": cached / prompt if prompt else 0.0,
+        "prefill_tokens_computed": prompt - cached,
+        "ttft_p50_ms": 1000 * percentile(ttft, 50),
+        "ttft_p95_ms": 1000 * percentile(ttft, 95),
+        "latency_p50_ms": 1000 * percentile([r.latency_s for r in recs], 50),
+        "throughput_tok_s": (prompt + output) / wall,
+        "requests_per_s": len(recs) / wall,
+        "wall_s": row.wall_s,
+        "time_scale": row.time_scale,
+    }
+
+
+def outputs_identical(rows: list[RowResult]) -> dict[str, Any]:
+    """The oracle: greedy outputs must not depend on the cache. Compares every request's output
+    token ids across rows; ``identical`` is None with fewer than two rows."""
+    if len(rows) < 2:
+        return {"identical": None, "compared": 0, "differing": []}
+    by_row = [{r.index: r.output_token_ids for r in row.records} for row in rows]
+    common = sorted(set.intersection(*(set(d) for d in by_row)))
+    differing = [i for i in common if any(d[i] != by_row[0][i] for d in by_row[1:])]
+    return {"identical": not differing, "compared": len(common), "differing": differing}
+
+
+_COLUMNS = (
+    ("policy", "{:<10}", "{:<10}"),
+    ("blocks", "{:>6}", "{:>6}"),
+    ("requests", "{:>8}", "{:>8}"),
+    ("token_hit_rate", "{:>8}", "{:>8.3f}"),
+    ("prefill_tokens_computed", "{:>9}", "{:>9}"),
+    ("ttft_p50_ms", "{:>11}", "{:>11.1f}"),
+    ("ttft_p95_ms", "{:>11}", "{:>11.1f}"),
+    ("throughput_tok_s", "{:>9}", "{:>9.0f}"),
+    ("wall_s", "{:>7}", "{:>7.1f}"),
+)
+_HEADERS = ("policy", "blocks", "requests", "hit rate", "computed")
+_HEADERS += ("TTFT p50 ms", "TTFT p95 ms", "tok/s", "wall s")
+
+
+def format_table(summaries: list[dict[str, Any]]) -> str:
+    """The side-by-side table, one row per policy."""
+    head = " ".join(fmt.format(h) for (_, fmt, _), h in zip(_COLUMNS, _HEADERS, strict=True))
+    lines = [head]
+    for s in summaries:
+        cells = [fmt.format("-" if s[k] is None else s[k]) for k, _, fmt in _COLUMNS]
+        lines.append(" ".join(cells))
+    return "\n".join(lines)
+
+
+def ratio_line(summaries: list[dict[str, Any]], num: str = "ours", den: str = "stock") -> str:
+    """``ours/stock`` for TTFT p50 and prefill tokens computed; empty if a row is missing."""
+    rows = {s["policy"]: s for s in summaries}
+    if num not in rows or den not in rows:
+        return ""
+    a, b = rows[num], rows[den]
+
+    def ratio(key: str) -> str:
+        return f"{a[key] / b[key]:.2f}x" if b[key] else "n/a"
+
+    ttft, computed = ratio("ttft_p50_ms"), ratio("prefill_tokens_computed")
+    return f"{num}/{den}: TTFT p50 {ttft}, prefill tokens computed {computed}"
+
+
+def oracle_line(oracle: dict[str, Any]) -> str:
+    if oracle["identical"] is None:
+        return ""
+    if oracle["identical"]:
+        return f"greedy outputs identical across policies: yes ({oracle['compared']} requests)"
+    n = len(oracle["differing"])
+    return f"greedy outputs identical across policies: NO ({n} of {oracle['compared']} differ)"
+
+
+def write_json(
+    path: str | Path,
+    settings: dict[str, Any],
+    rows: list[RowResult],
+    summaries: list[dict[str, Any]],
+    oracle: dict[str, Any],
+) -> None:
+    """Settings, summary rows, the oracle and every per-request record, as one JSON object."""
+    obj = {
+        "settings": settings,
+        "summary": summaries,
+        "outputs_identical": oracle,
+        "rows": [asdict(r) for r in rows],
+    }
+    Path(path).write_text(json.dumps(obj, indent=1) + "\n")
