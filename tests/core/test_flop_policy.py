@@ -73,3 +73,16 @@ def test_ghost_hits_move_the_balance_and_scale_priorities() -> None:
     assert base is not None and math.isclose(base, pol._weight(node) * pol.balance.scale(eff))
     pol.balance.gamma = 0.0
     assert pol.snapshot_priority(node, 0) == pol._weight(node)  # recency only
+
+
+def test_a_leaf_state_is_a_candidate_alone_only_while_its_kv_is_in_use() -> None:
+    pol = FlopPolicy(CostModel(load_shape("zamba2-7b"), 64))
+    root = Node(None, None, 0, 0, 0)
+    leaf = Node("leaf", root, 0, 64, 64)
+    root.children["leaf"] = leaf
+    leaf.has_snapshot = True
+    assert pol.snapshot_priority(leaf, 1) is None  # free: goes with its KV
+    assert pol.kv_priority(leaf, 1) is not None
+    leaf.refs = 1  # an engine request holds the KV it resumed from
+    prio = pol.snapshot_priority(leaf, 1)
+    assert prio is not None and prio > pol.clock

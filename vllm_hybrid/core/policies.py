@@ -265,8 +265,10 @@ class FlopPolicy(_Base):
         return self.clock + self._weight(node) * self.balance.scale(self._efficiency(node, False))
 
     def snapshot_priority(self, node: Node, now: int) -> float | None:
-        if node.is_leaf:
-            return None
+        if node.is_leaf and not node.refs:
+            return None  # a free leaf goes with its KV (kv_priority)
+        # An interior state, or a leaf's whose KV is in use (an engine's running request holds
+        # the KV it resumed from; the state it resumed from was copied and is free).
         self._now = max(self._now, now)
         return self.clock + self._weight(node) * self.balance.scale(self._efficiency(node, True))
 
