@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_hybrid.bench import BenchError
+from vllm_hybrid.core.config import STOCK, HybridCacheConfig
 from vllm_hybrid.core.policies import POLICIES
 
 SCHEDULER_CLS = "vllm_hybrid.adapters.vllm.scheduler.HybridScheduler"
-#: The policy HybridScheduler runs by default (``adapters.vllm.scheduler.DEFAULT_POLICY``).
-OURS_DEFAULT = "flop"
-STOCK, OFF, OURS = "stock", "off", "ours"
+#: The policy the hybrid cache runs when none is configured.
+OURS_DEFAULT = HybridCacheConfig.policy
+OFF, OURS = "off", "ours"
 
 
 @dataclass(frozen=True)
