@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import copy
+import heapq
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vllm_hybrid.core.cost import CostModel
 from vllm_hybrid.core.layers import AttentionLayers, Mamba2Layers
+from vllm_hybrid.core.node import Node
 from vllm_hybrid.core.policies import POLICIES
 from vllm_hybrid.core.pool_mirror import PoolMirror
 from vllm_hybrid.core.shapes import ModelShape
@@ -47,6 +51,8 @@ class Pool:
             for g in groups:
                 page = self.next_page
                 self.next_page += 1
+                if used:  # events mode needs it; callback mode assumes it for a new page
+                    self.mirror.page_used(page)
                 parent = chain[: i - 1] or None
                 self.mirror.add(page, chain[:i], g, i * B, parent)
                 out[chain[:i], g] = page
@@ -222,3 +228,226 @@ def test_optional_on_evicted_hook_is_called_before_the_unit_goes() -> None:
     pool.cache("a", snap_at={1})
     pool.evict(3)
     assert seen and all(has for _, _, has in seen)
+
+
+# ---------------------------------------------------------------- incremental vs from scratch
+def reference_pick(mirror: PoolMirror, n_pages: int, is_free, spare_only: bool = False) -> list:
+    """The pre-incremental ``pick_victims`` (rebuild the live trie and a heap from every entry
+    at every call), on copies of the nodes, with the incremental heap's tie-break (priority,
+    end, entry serial, kind). Nothing in ``mirror`` or its policy is changed."""
+    if n_pages <= 0:
+        return []
+    policy, b = copy.deepcopy(mirror.policy), mirror.block_tokens
+    root = Node(None, None, 0, 0, 0)
+    live: dict = {}
+    entries = mirror._entries
+    for key, entry in sorted(entries.items(), key=lambda kv: kv[1].node.end_tokens):
+        n = entry.node
+        parent = root if entry.parent_key is None else live.get(entry.parent_key)
+        if parent is None or not all(g in entry.pages for g in mirror.kv_groups):
+            continue
+        if parent is not root and parent.n_tokens != b:
+            continue
+        node = Node(key, parent, n.start_tokens, n.end_tokens, n.kv_bytes)
+        for f in ("last_access", "snap_access", "hits", "snap_hits", "origin"):
+            setattr(node, f, getattr(n, f))
+        node.has_snapshot = all(g in entry.pages for g in mirror.state_groups)
+        (parent.children if node.n_tokens == b else parent.partials.setdefault(node.n_tokens, {}))[
+            key
+        ] = node
+        live[key] = node
+    for key in reversed(list(live)):
+        live[key].refs += sum(not is_free(p) for ps in entries[key].pages.values() for p in ps)
+        live[key].parent.refs += live[key].refs
+    spare = set()
+    for key, entry in entries.items():
+        for group, pages in entry.pages.items():
+            free = sorted(p for p in pages if is_free(p))
+            if key not in live:
+                spare.update((p, key, group) for p in free)
+            elif len(pages) > 1:
+                keep = 0 if len(free) < len(pages) else 1
+                spare.update((p, key, group) for p in free[keep:])
+    held = mirror._page_keys
+    out = sorted({p for p, _, _ in spare if all((p, k, g) in spare for k, g in held[p])})
+    if spare_only:
+        return out
+    taken = set(out)
+    heap: list = []
+
+    def push(node: Node) -> None:
+        e = entries[node.key]
+        node.version += 1
+        if node.refs == 0 and (prio := policy.kv_priority(node, mirror.now)) is not None:
+            heapq.heappush(heap, (prio, node.end_tokens, e.serial, 0, node.version, node))
+        state = [p for g in mirror.state_groups for p in e.pages.get(g, ())]
+        if node.has_snapshot and all(is_free(p) for p in state):
+            if (prio := policy.snapshot_priority(node, mirror.now)) is not None:
+                heapq.heappush(heap, (prio, node.end_tokens, e.serial, 1, node.version, node))
+
+    for node in list(live.values()):
+        push(node)
+    while heap and len(out) < n_pages:
+        prio, _, _, kind, version, node = heapq.heappop(heap)
+        if node.key not in live or version != node.version or (kind and not node.has_snapshot):
+            continue
+        policy.on_evict(prio)
+        groups = mirror.state_groups if kind else mirror.kv_groups | mirror.state_groups
+        unit = [node]
+        if kind:
+            node.has_snapshot = False
+            push(node)
+        else:
+            parent = node.parent
+            if node.n_tokens == b:
+                del parent.children[node.key]
+            else:
+                del parent.partials[node.n_tokens][node.key]
+                if not parent.partials[node.n_tokens]:
+                    del parent.partials[node.n_tokens]
+            stack, unit = [node], []
+            while stack:
+                walk = stack.pop()
+                stack.extend(walk.iter_children())
+                del live[walk.key]
+                unit.append(walk)
+            if parent is not root:
+                push(parent)
+        for walk in unit:
+            pages = entries[walk.key].pages
+            for p in sorted(p for g in groups if g in pages for p in pages[g]):
+                if p not in taken:
+                    out.append(p)
+                    taken.add(p)
+    return out
+
+
+def apply(mirror: PoolMirror, pool: Pool, op: str, chain: str, x: int) -> None:
+    """One random engine event (no eviction)."""
+    cached = mirror.cached_pages()
+    page = cached[x % len(cached)] if cached else None
+    if op == "cache":
+        pool.cache(chain, snap_at={x % (len(chain) + 1)}, used=x % 3 == 0)
+    elif op == "drop" and page is not None:
+        mirror.drop_page(page)
+    elif op == "use" and page is not None:
+        pool.in_use.add(page)
+        mirror.page_used(page)
+    elif op == "release" and page is not None:
+        pool.in_use.discard(page)
+        if x % 2:  # callback mode learns it from is_free; events mode needs the event
+            mirror.page_freed(page)
+    elif op == "move" and page is not None:
+        dst = 1000 + pool.next_page
+        pool.next_page += 1
+        if page in pool.in_use:
+            pool.in_use.add(dst)
+            mirror.page_used(dst)
+        mirror.move_page(page, dst)
+    elif op == "touch":
+        hit = cached[: x % 5]
+        pool.in_use.update(hit)
+        mirror.touch_pages(hit)
+
+
+EXACT = ["vllm", "lru-dense", "sglang"]  # priorities that depend on the entry alone
+OPS2 = st.lists(
+    st.tuples(
+        st.sampled_from(["cache", "drop", "use", "release", "move", "touch", "evict", "tick"]),
+        st.text("abc", min_size=1, max_size=4),
+        st.integers(0, 60),
+    ),
+    max_size=50,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(OPS2, st.sampled_from(EXACT))
+def test_incremental_equals_from_scratch(ops: list, policy: str) -> None:
+    """Same victims, in the same order, as the rebuild-everything algorithm; integrity (the
+    incremental trie == a rebuild from scratch) after every operation."""
+    mirror = make(policy)
+    pool = Pool(mirror)
+    for op, chain, x in ops:
+        if op == "tick":
+            mirror.tick()
+        elif op == "evict":
+            mirror.free_pages(pool.is_free)  # sync what is_free says, as pick_victims does
+            expected = reference_pick(mirror, x % 7, pool.is_free)
+            assert pool.evict(x % 7) == expected
+        else:
+            apply(mirror, pool, op, chain, x)
+        mirror.check_integrity(pool.is_free)
+
+
+@settings(max_examples=150, deadline=None)
+@given(OPS2, st.sampled_from(sorted(POLICIES)), st.booleans())
+def test_victims_follow_the_rules_in_both_modes(ops: list, policy: str, events: bool) -> None:
+    """Every policy, callback and events mode: victims are free, unique and cached; every dead
+    or duplicate page comes first; a unit is a whole subtree or one entry's state pages."""
+    mirror = make(policy)
+    pool = Pool(mirror)
+    if events:
+        mirror.use_free_events()
+    for op, chain, x in ops:
+        if op == "tick":
+            mirror.tick()
+        elif op == "evict":
+            before = set(mirror.cached_pages())
+            spare = reference_pick(mirror, 1, pool.is_free, spare_only=True)
+            victims = pool.evict(x % 7)
+            assert len(set(victims)) == len(victims) and set(victims) <= before
+            assert not set(victims) & pool.in_use
+            if x % 7:
+                assert victims[: len(spare)] == spare  # every dead/duplicate page, first
+        else:
+            if op == "release" and events and pool.in_use:
+                x |= 1  # events mode: every release is reported
+            apply(mirror, pool, op, chain, x)
+        mirror.check_integrity(pool.is_free)
+
+
+def test_events_mode_counts_free_pages_without_is_free() -> None:
+    mirror = make("vllm")
+    mirror.use_free_events(in_use=[7])
+    mirror.add(7, "a", KV, B, None)  # page 7 is in use: not free
+    mirror.add(8, "b", KV, B, None)
+    assert mirror.free_pages() == 1
+    mirror.page_freed(7)
+    assert mirror.free_pages() == 2
+    mirror.page_used(8)
+    assert mirror.free_pages() == 1
+    assert mirror.pick_victims(5, lambda p: p != 8) == [7]
+    mirror.check_integrity(lambda p: p == 7 or p not in (7, 8))
+
+
+def test_a_use_the_mirror_missed_is_never_returned() -> None:
+    mirror = make("vllm")
+    mirror.use_free_events()  # but page 0's use is never reported
+    mirror.add(0, "a", KV, B, None)
+    mirror.add(1, "b", KV, B, None)
+    assert mirror.pick_victims(2, lambda p: p != 0) == [1]
+    mirror.page_freed(0)
+    assert mirror.pick_victims(1, lambda p: True) == [0]
+
+
+def test_drop_page_of_a_victim_returns_what_it_held() -> None:
+    mirror = make("vllm")
+    mirror.add(0, "a", KV, B, None)
+    victims = mirror.pick_victims(1, lambda p: True)
+    assert victims == [0] and not mirror.holds(0)
+    assert mirror.drop_page(0) == [("a", KV)]
+    assert mirror.drop_page(0) == []
+
+
+def test_a_child_cached_before_its_parent_becomes_live_with_it() -> None:
+    mirror = make("vllm")
+    mirror.add(1, "ab", KV, 2 * B, "a")  # the parent is not cached yet: dead
+    mirror.check_integrity()
+    assert mirror._entries["ab"].live is False
+    mirror.add(0, "a", KV, B, None)
+    mirror.check_integrity()
+    assert mirror._entries["ab"].live and mirror.root.children["a"].children["ab"]
+    mirror.drop_page(0)  # the parent goes: the child is dead again, a dead page first
+    mirror.check_integrity()
+    assert mirror.pick_victims(1, lambda p: True) == [1] and mirror.stats.dead_pages == 1

@@ -19,8 +19,28 @@ then ranks by the same policy objects the simulator runs (``core/policies.py``):
 Victims, in this order: free pages of entries that are not live (nothing can hit them), free
 duplicate pages of a (key, group) that another page also holds, then policy units: a KV unit
 (the entry with its whole live subtree, snapshots included) or a snapshot unit (the state
-pages only). A unit with any page in use (``is_free(page)`` false) is never chosen, so neither
-is any page with ``ref_cnt > 0``.
+pages only). A unit with any page in use is never chosen, so neither is any page with
+``ref_cnt > 0``.
+
+Everything is kept incrementally (the live trie, ``refs``, a lazy heap of units), so an
+eviction costs O(victims * depth + dead/duplicate entries + heap pops * log) and an event
+O(depth), not O(pool). Which pages are in use is known in one of two modes:
+
+* *callback* (default): ``is_free(page)`` of :meth:`pick_victims`. A cached page counts as in
+  use from :meth:`add` or :meth:`touch_pages` until ``is_free`` says otherwise; each
+  :meth:`pick_victims` (and :meth:`free_pages` given ``is_free``) re-checks only the pages
+  believed in use, O(those). Relies on vLLM's rule that a free cached page is taken only by
+  ``touch`` (reported) or ``get_new_blocks`` (which drops its hashes first); a page found in
+  use anyway is never returned.
+* *events* (:meth:`use_free_events`): the adapter reports every page's change with
+  :meth:`page_used` / :meth:`page_freed`; nothing is re-checked, ``is_free`` only guards the
+  victims.
+
+A priority is computed when its entry changes (added, touched, child set, snapshot, or it
+becomes evictable), as ``PrefixIndex`` does (``core/policy.py``): exact for priorities that are
+functions of the entry alone (``vllm``, ``lru-dense``, ``sglang``); ``flop`` keeps the GreedyDual
+clock of that moment and ``marconi``/``flop`` the ancestor chain of that moment (the simulator's
+semantics; the pre-incremental mirror re-ranked every entry at every eviction).
 
 Invariants (asserted by :meth:`check_integrity`):
 
@@ -31,6 +51,14 @@ Invariants (asserted by :meth:`check_integrity`):
    ``start = end - block_tokens`` for a full block, else the block boundary below ``end``.
 3. Every group of every stored page is a KV group or a state group.
 4. ``pages_victimized`` counts every page :meth:`pick_victims` returned; none was in use.
+5. The live trie equals a from-scratch rebuild (:meth:`_reference_trie`): ``live``, parent,
+   ``children``/``partials``, ``has_snapshot``, and ``refs`` = in-use (page, group) pairs in
+   the live subtree; ``_kids``, ``_dead`` (entries not live), ``_dups`` ((key, group) with two
+   pages or more), ``used``/``used_state``, ``_n_live`` and ``_n_free`` match their definitions.
+6. Every evictable unit (KV: live, ``refs == 0``; snapshot: ``has_snapshot``, no state page in
+   use) whose priority is not None has a heap item of its node's current version, or is dirty.
+7. In events mode ``_used`` holds exactly the pages in use; in callback mode it holds cached
+   pages only, and every cached page outside it is free (checked when ``is_free`` is given).
 """
 
 from __future__ import annotations
@@ -44,17 +72,25 @@ from vllm_hybrid.core.policy import EvictionPolicy
 
 PageKey = tuple[Hashable, int]
 IsFree = Callable[[int], bool]
-_Heap = list[tuple[float, int, int, Node, int]]
 _KV, _SNAP = 0, 1
 
 
-@dataclass
+@dataclass(eq=False)
 class _Entry:
-    """One key: the node the policy ranks, and the engine pages holding it per group."""
+    """One key: the node the policy ranks, the engine pages holding it per group, and the
+    incremental state: ``live``, in-use (page, group) pairs (``used``, of state groups
+    ``used_state``), and ``serial`` (creation order, the heap's tie-break after the depth)."""
 
     node: Node
     parent_key: Hashable | None
+    serial: int
     pages: dict[int, set[int]] = field(default_factory=dict)
+    live: bool = False
+    used: int = 0
+    used_state: int = 0
+
+
+_Item = tuple[float, int, int, int, int, int, _Entry]  # prio, end, serial, kind, version, seq
 
 
 @dataclass
@@ -90,9 +126,24 @@ class PoolMirror:
         self.root = Node(None, None, 0, 0, 0)
         self.now = 0
         self.stats = VictimStats()
+        self._events = False
+        self._used: set[int] = set()
+        self._serial = self._seq = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.root.children, self.root.partials, self.root.refs = {}, {}, 0
         self._entries: dict[Hashable, _Entry] = {}
         self._page_keys: dict[int, set[PageKey]] = {}
-        self._seq = 0
+        self._kids: dict[Hashable, set[Hashable]] = {}  # parent key -> keys of its entries
+        self._dead: set[Hashable] = set()
+        self._dups: set[PageKey] = set()
+        self._dirty: dict[int, _Entry] = {}  # serial -> entry to re-rank before the next pop
+        self._heap: list[_Item] = []
+        self._victims: dict[int, list[PageKey]] = {}  # last pick's victims -> what they held
+        self._n_live = self._n_free = 0
+        if not self._events:
+            self._used.clear()
 
     # ----------------------------------------------------------------- engine events
     def tick(self) -> int:
@@ -106,16 +157,16 @@ class PoolMirror:
         """The engine cached ``page`` under ``(key, group)``; ``key`` ends at ``end_tokens``."""
         if group not in self.kv_groups and group not in self.state_groups:
             raise ValueError(f"group {group} is neither a KV nor a state group")
+        self._victims.pop(page, None)
         entry = self._entries.get(key)
         if entry is None:
             entry = self._new_entry(key, end_tokens, parent_key)
-        pages = entry.pages.setdefault(group, set())
-        if page not in pages:
-            pages.add(page)
-            self._page_keys.setdefault(page, set()).add((key, group))
+        if self._link(page, key, group, entry):
+            self._group_added(entry, group)
         if group in self.state_groups:
             entry.node.snap_access = self.now
         entry.node.last_access = self.now
+        self._mark(entry)
 
     def _new_entry(self, key: Hashable, end: int, parent_key: Hashable | None) -> _Entry:
         if end <= 0:
@@ -124,60 +175,88 @@ class PoolMirror:
         start = end - b if end % b == 0 else end // b * b
         node = Node(key, None, start, end, (end - start) * self.kv_bytes_per_token)
         node.last_access = node.snap_access = self.now
-        entry = _Entry(node, parent_key)
+        self._serial += 1
+        entry = _Entry(node, parent_key, self._serial)
         self._entries[key] = entry
+        self._kids.setdefault(parent_key, set()).add(key)
+        self._dead.add(key)
         return entry
 
     def drop_page(self, page: int) -> list[PageKey]:
-        """The engine dropped every hash of ``page``; returns what the mirror held for it."""
-        held = self._page_keys.pop(page, set())
-        for key, group in held:
+        """The engine dropped every hash of ``page``; returns what the mirror held for it (for
+        a victim of the last :meth:`pick_victims`, what it held before that call dropped it)."""
+        held = self._page_keys.get(page)
+        if not held:
+            return self._victims.pop(page, [])
+        out = sorted(held, key=repr)
+        for key, group in out:
             entry = self._entries[key]
-            pages = entry.pages[group]
-            pages.discard(page)
-            if not pages:
-                del entry.pages[group]
+            if self._unlink(page, key, group, entry):
+                self._group_removed(entry, group)
             if not entry.pages:
-                entry.node.alive = False
-                del self._entries[key]
-        return sorted(held, key=repr)
+                self._delete(entry)
+        return out
 
     def move_page(self, src: int, dst: int) -> None:
         """The engine re-pointed every hash of ``src`` to ``dst`` (copy-on-write)."""
-        held = self._page_keys.pop(src, set())
-        for key, group in held:
-            pages = self._entries[key].pages[group]
-            pages.discard(src)
-            pages.add(dst)
-        if held:
-            self._page_keys.setdefault(dst, set()).update(held)
+        for key, group in sorted(self._page_keys.get(src, ()), key=repr):
+            entry = self._entries[key]
+            self._link(dst, key, group, entry)  # first: the group never empties
+            self._unlink(src, key, group, entry)
 
     def clear(self) -> None:
         """The engine reset its prefix cache."""
         for entry in self._entries.values():
             entry.node.alive = False
-        self._entries.clear()
-        self._page_keys.clear()
+        self._reset()
 
     def touch_pages(self, pages: Iterable[int]) -> None:
-        """A request hit these pages: one use per key and kind (KV, snapshot)."""
+        """A request hit these pages (now in use): one use per key and kind (KV, snapshot)."""
         kv_keys: set[Hashable] = set()
         snap_keys: set[Hashable] = set()
         for page in pages:
-            for key, group in self._page_keys.get(page, ()):
+            held = self._page_keys.get(page)
+            if held is None:
+                continue
+            self._set_used(page, True)
+            for key, group in held:
                 (kv_keys if group in self.kv_groups else snap_keys).add(key)
         for key in kv_keys:
-            node = self._entries[key].node
-            node.last_access = self.now
-            node.hits += 1
+            entry = self._entries[key]
+            entry.node.last_access = self.now
+            entry.node.hits += 1
+            self._mark(entry)
         for key in snap_keys:
-            node = self._entries[key].node
-            node.snap_access = self.now
-            node.snap_hits += 1
+            entry = self._entries[key]
+            entry.node.snap_access = self.now
+            entry.node.snap_hits += 1
+            self._mark(entry)
+
+    def use_free_events(self, in_use: Iterable[int] = ()) -> None:
+        """From now on the engine reports every page's change of free state (cached or not)
+        through :meth:`page_used` / :meth:`page_freed`; ``in_use``: the pages in use now."""
+        target = set(in_use)
+        self._events = True
+        for page in list(self._page_keys):
+            self._set_used(page, page in target)
+        self._used = target
+
+    def page_used(self, page: int) -> None:
+        """The engine took ``page`` (its ``ref_cnt`` went 0 -> 1); idempotent."""
+        self._set_used(page, True)
+
+    def page_freed(self, page: int) -> None:
+        """The engine released ``page`` (its ``ref_cnt`` went to 0); idempotent."""
+        self._set_used(page, False)
 
     # ----------------------------------------------------------------- queries
     def keys_of(self, page: int) -> set[PageKey]:
         return set(self._page_keys.get(page, ()))
+
+    def node_of(self, key: Hashable) -> Node | None:
+        """The node the policy ranks for ``key``, while the engine holds a page under it."""
+        entry = self._entries.get(key)
+        return None if entry is None else entry.node
 
     def holds(self, page: int) -> bool:
         return page in self._page_keys
@@ -188,118 +267,307 @@ class PoolMirror:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def free_pages(self, is_free: IsFree | None = None) -> int:
+        """How many cached pages are free: O(1) in events mode; in callback mode pass
+        ``is_free`` to re-check the pages believed in use first (O(those))."""
+        if is_free is not None and not self._events:
+            self._sync(is_free)
+        return self._n_free
+
     def pick_victims(self, n_pages: int, is_free: IsFree) -> list[int]:
         """At least ``n_pages`` free cached pages whose hashes the engine should drop now (fewer
         only if no more can go), in eviction order: every dead or duplicate page, then policy
-        units until ``n_pages`` are reached (a unit may overshoot). Nothing is dropped here:
-        the engine drops them and reports it through :meth:`drop_page`."""
+        units until ``n_pages`` are reached (a unit may overshoot). The victims leave the mirror
+        here, as if :meth:`drop_page` had been called (so later units see the trie without
+        them); the engine must drop their hashes at once and report it with :meth:`drop_page`,
+        which then returns what the victim held and changes nothing else."""
         out: list[int] = []
         if n_pages <= 0:
             return out
-        live = self._rebuild(is_free)
-        out.extend(self._dead_or_duplicate(live, is_free))  # all of them: nothing can hit them
+        self._victims.clear()
+        if not self._events:
+            self._sync(is_free)
+        out.extend(self._dead_or_duplicate(is_free))  # all of them: nothing can hit them
+        for page in out:
+            self._victims[page] = self.drop_page(page)
         if len(out) < n_pages:
-            self._pick_units(live, n_pages, out, is_free)
+            self._pick_units(n_pages, out, is_free)
         assert all(is_free(p) for p in out), "inv 4: a victim page is in use"
         self.stats.pages += len(out)
         return out
 
-    # ----------------------------------------------------------------- internals
-    def _rebuild(self, is_free: IsFree) -> dict[Hashable, Node]:
-        """Re-derive the live trie (children, snapshots, refs) from the page map."""
-        self.root.children, self.root.partials, self.root.refs = {}, {}, 0
-        live: dict[Hashable, Node] = {}
-        order = sorted(self._entries.values(), key=lambda e: e.node.end_tokens)
-        for entry in order:
+    # ----------------------------------------------------------------- pages and use counts
+    def _link(self, page: int, key: Hashable, group: int, entry: _Entry) -> bool:
+        """Add the pair; True if ``group`` was new for the entry."""
+        pages = entry.pages.get(group)
+        if pages is not None and page in pages:
+            return False
+        held = self._page_keys.get(page)
+        if held is None:
+            held = self._page_keys[page] = set()
+            if not self._events:
+                self._used.add(page)  # believed in use until is_free says otherwise
+            elif page not in self._used:
+                self._n_free += 1
+        held.add((key, group))
+        new_group = pages is None
+        if pages is None:
+            pages = entry.pages[group] = set()
+        pages.add(page)
+        if len(pages) == 2:
+            self._dups.add((key, group))
+        if page in self._used:
+            self._count_used(entry, group, 1)
+        return new_group
+
+    def _unlink(self, page: int, key: Hashable, group: int, entry: _Entry) -> bool:
+        """Remove the pair; True if the entry no longer holds ``group``."""
+        if page in self._used:
+            self._count_used(entry, group, -1)
+        held = self._page_keys[page]
+        held.discard((key, group))
+        if not held:
+            del self._page_keys[page]
+            if page not in self._used:
+                self._n_free -= 1
+            elif not self._events:
+                self._used.discard(page)
+        pages = entry.pages[group]
+        pages.discard(page)
+        if len(pages) == 1:
+            self._dups.discard((key, group))
+        if pages:
+            return False
+        del entry.pages[group]
+        return True
+
+    def _set_used(self, page: int, used: bool) -> None:
+        if (page in self._used) == used:
+            return
+        held = self._page_keys.get(page)
+        if held is None and not self._events:
+            return  # callback mode tracks cached pages only
+        if used:
+            self._used.add(page)
+        else:
+            self._used.discard(page)
+        if held is None:
+            return
+        self._n_free += -1 if used else 1
+        for key, group in held:
+            self._count_used(self._entries[key], group, 1 if used else -1)
+
+    def _count_used(self, entry: _Entry, group: int, delta: int) -> None:
+        entry.used += delta
+        if group in self.state_groups:
+            entry.used_state += delta
+            if entry.used_state == 0:
+                self._mark(entry)  # its snapshot may go again
+        if entry.live:
+            self._add_refs(entry.node, delta)
+
+    def _add_refs(self, node: Node | None, delta: int) -> None:
+        """``refs += delta`` on ``node`` and its ancestors; a node reaching 0 is re-ranked."""
+        if delta == 0:
+            return
+        while node is not None:
+            node.refs += delta
+            if node.refs == 0 and node is not self.root:
+                self._mark(self._entries[node.key])
+            node = node.parent
+
+    def _sync(self, is_free: IsFree) -> None:
+        """Callback mode: re-check the pages believed in use."""
+        for page in [p for p in self._used if is_free(p)]:
+            self._set_used(page, False)
+
+    def _free(self, page: int, is_free: IsFree) -> bool:
+        """Free by the mirror's knowledge and by ``is_free``; a page found in use is marked."""
+        if page in self._used:
+            return False
+        if is_free(page):
+            return True
+        self._set_used(page, True)
+        return False
+
+    # ----------------------------------------------------------------- the live trie
+    def _group_added(self, entry: _Entry, group: int) -> None:
+        if group in self.state_groups:
+            entry.node.has_snapshot = all(g in entry.pages for g in self.state_groups)
+        elif not entry.live and self._can_live(entry):
+            self._attach(entry)
+
+    def _group_removed(self, entry: _Entry, group: int) -> None:
+        if group in self.state_groups:
+            entry.node.has_snapshot = False
+            self._mark(entry)
+        elif entry.live:
+            self._detach(entry)
+
+    def _can_live(self, entry: _Entry) -> bool:
+        if not all(g in entry.pages for g in self.kv_groups):
+            return False
+        if entry.parent_key is None:
+            return True
+        parent = self._entries.get(entry.parent_key)
+        return parent is not None and parent.live and parent.node.n_tokens == self.block_tokens
+
+    def _attach(self, top: _Entry) -> None:
+        """``top`` (whose parent is live) becomes live, with every entry below it that can."""
+        order, stack = [], [top]
+        while stack:
+            entry = stack.pop()
             node = entry.node
-            node.children, node.partials, node.refs = {}, {}, 0
-            node.has_snapshot = bool(self.state_groups) and all(
-                g in entry.pages for g in self.state_groups
-            )
-            parent = self.root if entry.parent_key is None else live.get(entry.parent_key)
-            if parent is None or not all(g in entry.pages for g in self.kv_groups):
-                continue
-            if parent is not self.root and parent.n_tokens != self.block_tokens:
-                continue  # only full blocks have children
-            node.parent = parent
+            parent = self.root if entry.parent_key is None else self._entries[entry.parent_key].node
+            node.parent, node.refs = parent, entry.used
             if node.n_tokens == self.block_tokens:
                 parent.children[node.key] = node
+                kids = (self._entries[k] for k in self._kids.get(node.key, ()))
+                stack.extend(k for k in kids if all(g in k.pages for g in self.kv_groups))
             else:
                 parent.partials.setdefault(node.n_tokens, {})[node.key] = node
-            live[node.key] = node
-        for entry in reversed(order):
-            node = entry.node
-            if node.key in live:
-                node.refs += sum(not is_free(p) for ps in entry.pages.values() for p in ps)
-                assert node.parent is not None
-                node.parent.refs += node.refs
-        return live
+            entry.live = True
+            self._dead.discard(node.key)
+            self._n_live += 1
+            order.append(entry)
+            self._mark(entry)
+        for entry in reversed(order[1:]):  # children before parents
+            assert entry.node.parent is not None
+            entry.node.parent.refs += entry.node.refs
+        self._add_refs(top.node.parent, top.node.refs)
+        self._mark_parent(top.node)
 
-    def _dead_or_duplicate(self, live: dict[Hashable, Node], is_free: IsFree) -> list[int]:
+    def _detach(self, top: _Entry) -> None:
+        """``top`` is no longer live, nor is anything below it."""
+        node = top.node
+        parent = node.parent
+        assert parent is not None
+        if node.n_tokens == self.block_tokens:
+            del parent.children[node.key]
+        else:
+            del parent.partials[node.n_tokens][node.key]
+            if not parent.partials[node.n_tokens]:
+                del parent.partials[node.n_tokens]
+        self._add_refs(parent, -node.refs)
+        self._mark_parent(node)
+        stack = [node]
+        while stack:
+            walk = stack.pop()
+            stack.extend(walk.iter_children())
+            self._entries[walk.key].live = False
+            self._dead.add(walk.key)
+            self._n_live -= 1
+            walk.children, walk.partials, walk.parent, walk.refs = {}, {}, None, 0
+            walk.version += 1
+
+    def _mark_parent(self, node: Node) -> None:
+        if node.parent is not None and node.parent is not self.root:
+            self._mark(self._entries[node.parent.key])
+
+    def _delete(self, entry: _Entry) -> None:
+        key = entry.node.key
+        entry.node.alive = False
+        del self._entries[key]
+        kids = self._kids[entry.parent_key]
+        kids.discard(key)
+        if not kids:
+            del self._kids[entry.parent_key]
+        self._dead.discard(key)
+        self._dirty.pop(entry.serial, None)
+
+    # ----------------------------------------------------------------- ranking
+    def _mark(self, entry: _Entry) -> None:
+        """The entry changed: its heap items are stale; it is re-ranked before the next pop."""
+        entry.node.version += 1
+        self._dirty[entry.serial] = entry
+
+    def _flush(self) -> None:
+        dirty, self._dirty = self._dirty, {}
+        for entry in dirty.values():
+            if entry.live:
+                self._push(entry)
+
+    def _push(self, entry: _Entry) -> None:
+        node = entry.node
+        if node.refs == 0:
+            prio = self.policy.kv_priority(node, self.now)
+            if prio is not None:
+                self._push_item(prio, _KV, entry)
+        if node.has_snapshot and entry.used_state == 0:
+            prio = self.policy.snapshot_priority(node, self.now)
+            if prio is not None:
+                self._push_item(prio, _SNAP, entry)
+
+    def _push_item(self, prio: float, kind: int, entry: _Entry) -> None:
+        self._seq += 1
+        node = entry.node
+        item = (prio, node.end_tokens, entry.serial, kind, node.version, self._seq, entry)
+        heapq.heappush(self._heap, item)
+        if len(self._heap) > 4 * (self._n_live + 1024):
+            self._heap = [i for i in self._heap if self._valid(i)]
+            heapq.heapify(self._heap)
+
+    @staticmethod
+    def _valid(item: _Item) -> bool:
+        kind, version, entry = item[3], item[4], item[6]
+        node = entry.node
+        if not entry.live or version != node.version:
+            return False
+        if kind == _KV:
+            return node.refs == 0
+        return node.has_snapshot and entry.used_state == 0
+
+    def _pop_valid(self) -> _Item | None:
+        self._flush()
+        while self._heap:
+            item = heapq.heappop(self._heap)
+            if self._valid(item):
+                return item
+        return None
+
+    # ----------------------------------------------------------------- picking
+    def _dead_or_duplicate(self, is_free: IsFree) -> list[int]:
         """Free pages whose every (key, group) is dead or held by another page too."""
         spare: set[tuple[int, Hashable, int]] = set()
-        for key, entry in self._entries.items():
-            for group, pages in entry.pages.items():
-                free = sorted(p for p in pages if is_free(p))
-                if key not in live:
-                    spare.update((p, key, group) for p in free)
-                elif len(pages) > 1:
-                    keep = 0 if len(free) < len(pages) else 1  # one free copy stays if needed
-                    spare.update((p, key, group) for p in free[keep:])
+        for key in list(self._dead):
+            for group, pages in list(self._entries[key].pages.items()):
+                spare.update((p, key, group) for p in list(pages) if self._free(p, is_free))
+        for key, group in list(self._dups):
+            entry = self._entries[key]
+            if not entry.live:
+                continue
+            pages = entry.pages[group]
+            free = sorted(p for p in list(pages) if self._free(p, is_free))
+            keep = 0 if len(free) < len(pages) else 1  # one free copy stays if needed
+            spare.update((p, key, group) for p in free[keep:])
         out = sorted(
             {p for p, _, _ in spare if all((p, k, g) in spare for k, g in self._page_keys[p])}
         )
         for page in out:
-            if any(k not in live for k, _ in self._page_keys[page]):
+            if any(not self._entries[k].live for k, _ in self._page_keys[page]):
                 self.stats.dead_pages += 1
             else:
                 self.stats.duplicate_pages += 1
         return out
 
-    def _push(self, heap: _Heap, node: Node, is_free: IsFree) -> None:
-        node.version += 1
-        if node.refs == 0:
-            prio = self.policy.kv_priority(node, self.now)
-            if prio is not None:
-                heapq.heappush(heap, (prio, self._next_seq(), _KV, node, node.version))
-        if node.has_snapshot and self._free_state(node, is_free):
-            prio = self.policy.snapshot_priority(node, self.now)
-            if prio is not None:
-                heapq.heappush(heap, (prio, self._next_seq(), _SNAP, node, node.version))
-
-    def _next_seq(self) -> int:
-        self._seq += 1
-        return self._seq
-
-    def _free_state(self, node: Node, is_free: IsFree) -> bool:
-        pages = self._entries[node.key].pages
-        return all(is_free(p) for g in self.state_groups for p in pages.get(g, ()))
-
-    def _pick_units(
-        self, live: dict[Hashable, Node], n_pages: int, out: list[int], is_free: IsFree
-    ) -> None:
+    def _pick_units(self, n_pages: int, out: list[int], is_free: IsFree) -> None:
         taken = set(out)
-        heap: _Heap = []
-        for node in live.values():
-            self._push(heap, node, is_free)
-        while heap and len(out) < n_pages:
-            prio, _, kind, node, version = heapq.heappop(heap)
-            if node.key not in live or version != node.version:
-                continue
-            if kind == _SNAP and not node.has_snapshot:
-                continue
+        while len(out) < n_pages:
+            item = self._pop_valid()
+            if item is None:
+                break
+            prio, kind, entry = item[0], item[3], item[6]
+            pages = self._unit_pages(entry, kind)
+            if not all(self._free(p, is_free) for p in pages):
+                continue  # the mirror had missed a use: the unit waits until it is free
             self.policy.on_evict(prio)
-            self._notify_evicted(node, kind == _SNAP, len(live))
+            self._notify_evicted(entry.node, kind == _SNAP, self._n_live)
             if kind == _SNAP:
-                pages = self._unit_pages(node, self.state_groups)
-                node.has_snapshot = False
                 self.stats.snapshot_units += 1
-                self._push(heap, node, is_free)
             else:
-                pages = self._evict_subtree(node, live)
                 self.stats.kv_units += 1
-                if node.parent is not None and node.parent is not self.root:
-                    self._push(heap, node.parent, is_free)
+            for page in pages:
+                self._victims[page] = self.drop_page(page)
             out.extend(p for p in pages if p not in taken)
             taken.update(pages)
 
@@ -310,43 +578,69 @@ class PoolMirror:
         if hook is not None:
             hook(node, snapshot_only, live_entries)
 
-    def _unit_pages(self, node: Node, groups: Collection[int]) -> list[int]:
-        pages = self._entries[node.key].pages
-        return sorted(p for g in groups if g in pages for p in pages[g])
-
-    def _evict_subtree(self, top: Node, live: dict[Hashable, Node]) -> list[int]:
-        parent = top.parent
-        assert parent is not None and top.refs == 0
-        if top.n_tokens == self.block_tokens:
-            del parent.children[top.key]
-        else:
-            del parent.partials[top.n_tokens][top.key]
-            if not parent.partials[top.n_tokens]:
-                del parent.partials[top.n_tokens]
-        all_groups = self.kv_groups | self.state_groups
-        pages: list[int] = []
-        stack = [top]
+    def _unit_pages(self, entry: _Entry, kind: int) -> list[int]:
+        """A snapshot unit's state pages, or a KV unit's pages (all groups, whole subtree),
+        top first."""
+        if kind == _SNAP:
+            pages = entry.pages
+            return sorted(p for g in self.state_groups if g in pages for p in pages[g])
+        out: dict[int, None] = {}
+        stack = [entry.node]
         while stack:
             node = stack.pop()
             stack.extend(node.iter_children())
-            del live[node.key]
-            pages.extend(self._unit_pages(node, all_groups))
-        return pages
+            pages = self._entries[node.key].pages
+            out.update(dict.fromkeys(sorted(p for ps in pages.values() for p in ps)))
+        return list(out)
 
     # ----------------------------------------------------------------- integrity
-    def check_integrity(self) -> None:
-        """Assert invariants 1-3 of the module docstring (O(size); for tests and debug mode)."""
+    def _reference_trie(self) -> dict[Hashable, tuple[Hashable | None, bool, int]]:
+        """From scratch, as the pre-incremental mirror did at every eviction (O(pool log pool)):
+        key -> (parent key, has_snapshot, refs) of every live entry."""
+        live: dict[Hashable, list[object]] = {}
+        order = sorted(self._entries.items(), key=lambda kv: kv[1].node.end_tokens)
+        for key, entry in order:
+            pk = entry.parent_key
+            if pk is not None and (
+                pk not in live or self._entries[pk].node.n_tokens != self.block_tokens
+            ):
+                continue
+            if not all(g in entry.pages for g in self.kv_groups):
+                continue
+            snap = bool(self.state_groups) and all(g in entry.pages for g in self.state_groups)
+            used = sum(p in self._used for ps in entry.pages.values() for p in ps)
+            live[key] = [pk, snap, used]
+        for key in reversed(list(live)):
+            pk, refs = live[key][0], live[key][2]
+            if pk is not None:
+                live[pk][2] += refs  # type: ignore[operator]
+        return {k: (v[0], bool(v[1]), int(v[2])) for k, v in live.items()}  # type: ignore[call-overload]
+
+    def check_integrity(self, is_free: IsFree | None = None) -> None:
+        """Assert invariants 1-7 of the module docstring (O(size); for tests and debug mode).
+        With ``is_free``, also that the mirror's knowledge of pages in use is right (inv 7)."""
+        self._check_maps()
+        self._check_trie()
+        self._check_heap()
+        if is_free is not None:
+            for page in self._page_keys:
+                if self._events or page not in self._used:
+                    assert is_free(page) != (page in self._used), f"inv 7: page {page} use"
+
+    def _check_maps(self) -> None:
         b = self.block_tokens
         seen: set[tuple[int, Hashable, int]] = set()
         for key, entry in self._entries.items():
             node = entry.node
             assert entry.pages, f"inv 1: empty entry {key!r}"
-            assert node.key == key and node.end_tokens > 0, f"inv 2: {node!r}"
+            assert node.key == key and node.end_tokens > 0 and node.alive, f"inv 2: {node!r}"
             start = node.end_tokens - b if node.end_tokens % b == 0 else node.end_tokens // b * b
             assert node.start_tokens == start, f"inv 2: span of {node!r}"
+            assert key in self._kids.get(entry.parent_key, ()), f"inv 5: _kids of {key!r}"
             for group, pages in entry.pages.items():
                 assert pages, f"inv 1: empty page set at {key!r} group {group}"
                 assert group in self.kv_groups or group in self.state_groups, f"inv 3: {group}"
+                assert ((key, group) in self._dups) == (len(pages) > 1), f"inv 5: dups {key!r}"
                 for page in pages:
                     assert (key, group) in self._page_keys.get(page, ()), f"inv 1: page {page}"
                     seen.add((page, key, group))
@@ -354,3 +648,46 @@ class PoolMirror:
             assert held, f"inv 1: page {page} with an empty key set"
             for key, group in held:
                 assert (page, key, group) in seen, f"inv 1: page {page} -> {key!r} not mirrored"
+        assert sum(len(k) for k in self._kids.values()) == len(self._entries), "inv 5: _kids"
+        assert self._events or self._used <= self._page_keys.keys(), "inv 7: _used uncached"
+        n_free = sum(p not in self._used for p in self._page_keys)
+        assert self._n_free == n_free, f"inv 5: _n_free {self._n_free} != {n_free}"
+
+    def _check_trie(self) -> None:
+        ref = self._reference_trie()
+        assert self._dead == self._entries.keys() - ref.keys(), "inv 5: _dead"
+        assert self._n_live == len(ref), f"inv 5: _n_live {self._n_live} != {len(ref)}"
+        kids: dict[Hashable, set[Hashable]] = {}
+        for key, entry in self._entries.items():
+            node, groups = entry.node, entry.pages.values()
+            used = [p in self._used for ps in groups for p in ps]
+            used_state = [
+                p in self._used for g in self.state_groups for p in entry.pages.get(g, ())
+            ]
+            assert (entry.used, entry.used_state) == (sum(used), sum(used_state)), f"inv 5: {key!r}"
+            assert entry.live == (key in ref), f"inv 5: live {key!r}"
+            if key not in ref:
+                continue
+            pk, snap, refs = ref[key]
+            parent = self.root if pk is None else self._entries[pk].node
+            assert node.parent is parent, f"inv 5: parent of {node!r}"
+            assert (node.has_snapshot, node.refs) == (snap, refs), f"inv 5: {node!r} != {ref[key]}"
+            kids.setdefault(pk, set()).add(key)
+        for key in [None, *ref]:
+            node = self.root if key is None else self._entries[key].node
+            got = {k.key for k in node.iter_children()}
+            assert got == kids.get(key, set()), f"inv 5: children of {node!r}"
+        top = sum(ref[k][2] for k in kids.get(None, ()))
+        assert self.root.refs == top, f"inv 5: root refs {self.root.refs} != {top}"
+
+    def _check_heap(self) -> None:
+        queued = {(i[3], i[6].serial) for i in self._heap if self._valid(i)}
+        for entry in self._entries.values():
+            node = entry.node
+            if not entry.live or entry.serial in self._dirty:
+                continue
+            if node.refs == 0 and (_KV, entry.serial) not in queued:
+                assert self.policy.kv_priority(node, self.now) is None, f"inv 6: KV {node!r}"
+            if node.has_snapshot and entry.used_state == 0 and (_SNAP, entry.serial) not in queued:
+                prio = self.policy.snapshot_priority(node, self.now)
+                assert prio is None, f"inv 6: snapshot {node!r}"
