@@ -40,7 +40,11 @@ sys.path.insert(0, str(ROOT))
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--configs", default="stock,flop,vllm", help="stock and/or policy names")
+    p.add_argument(
+        "--configs",
+        default="stock,flop,vllm,flop+events,vllm+events",
+        help="stock and/or policy names; +events: with the proposed free-event wiring",
+    )
     p.add_argument("--running", type=int, default=256, help="requests kept in flight")
     p.add_argument("--steps", type=int, default=200, help="timed steps per configuration")
     p.add_argument("--warmup", type=int, default=150, help="untimed steps first (fill the cache)")
@@ -57,6 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model-dir", default=None, help="model dir for the ModelConfig (tiny zamba2)")
     p.add_argument("--profile", default=None, help="config name to run under cProfile (top 25)")
+    p.add_argument("--check", action="store_true", help="integrity checks after every step")
     p.add_argument("--json", default=None, help="write the results here")
     return p.parse_args(argv)
 
@@ -126,8 +131,9 @@ def build_scheduler(name: str, args: argparse.Namespace) -> Any:
     block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_config, config)
     kv_config.hash_block_size = hash_block_size
     cls = Scheduler
+    policy, _, wiring = name.partition("+")
     if name != "stock":
-        os.environ["VLLM_HYBRID_POLICY"] = name
+        os.environ["VLLM_HYBRID_POLICY"] = policy
         cls = HybridScheduler
     sched = cls(
         vllm_config=config,
@@ -138,7 +144,48 @@ def build_scheduler(name: str, args: argparse.Namespace) -> Any:
     )
     if name != "stock" and sched.hybrid_pool is None:
         raise RuntimeError("HybridScheduler did not activate on this KV cache config")
+    if wiring == "events":
+        wire_free_events(sched.hybrid_pool)
+    elif wiring:
+        raise ValueError(f"unknown suffix +{wiring} (only +events)")
     return sched, hash_block_size
+
+
+def wire_free_events(pool: Any) -> None:
+    """Preview of the adapter change proposed in docs/scheduler_overhead.md, patched on this
+    pool instance only: report every block's free-state change to the mirror
+    (``PoolMirror.use_free_events``), so no eviction re-checks in-use pages, and count the
+    free cached blocks in O(1) (``PoolMirror.free_pages``) instead of scanning every cached
+    block on each ``get_new_blocks``."""
+    mirror = pool._hy_mirror
+    cls = type(pool)
+    mirror.use_free_events(b.block_id for b in pool.blocks if b.ref_cnt > 0 and not b.is_null)
+
+    def get_new_blocks(num_blocks: int) -> Any:
+        ret = cls.get_new_blocks(pool, num_blocks)
+        for block in ret:
+            mirror.page_used(block.block_id)
+        return ret
+
+    def released(blocks: list[Any]) -> None:
+        for block in blocks:
+            if block.ref_cnt == 0 and not block.is_null and block.pool in (None, pool):
+                mirror.page_freed(block.block_id)
+
+    def free_blocks(ordered_blocks: Any) -> None:
+        blocks = list(ordered_blocks)
+        cls.free_blocks(pool, blocks)
+        released(blocks)
+
+    def unpin_blocks(blocks: Any, on_reuse: Any) -> None:
+        blocks = list(blocks)
+        cls.unpin_blocks(pool, blocks, on_reuse)
+        released(blocks)
+
+    pool.get_new_blocks = get_new_blocks
+    pool.free_blocks = free_blocks
+    pool.unpin_blocks = unpin_blocks
+    pool._hy_free_cached = mirror.free_pages  # touch() already reports uses (touch_pages)
 
 
 # ---------------------------------------------------------------------------------- workload
@@ -246,6 +293,10 @@ def step(run: Run, work: Workload, n: int, timed: bool) -> None:
     t2 = time.perf_counter()
     for outputs in results.values():
         run.finished += sum(o.finish_reason is not None for o in outputs.outputs)
+    pool = getattr(sched, "hybrid_pool", None)
+    if work.args.check and pool is not None:  # correctness run: O(pool) checks, untimed
+        pool.hy_check_integrity()
+        pool._hy_mirror.check_integrity(pool._hy_is_free)
     if timed:
         run.step_s.append((t1 - t0) + (t2 - t1))
         run.evicted.append(run.evict_count - before)
@@ -267,7 +318,7 @@ def summary(run: Run, args: argparse.Namespace) -> dict[str, Any]:
         "finished": run.finished,
         "free_blocks_end": pool.get_num_free_blocks(),
     }
-    if run.name != "stock":
+    if run.name != "stock":  # a HybridScheduler
         row["policy_pages"] = pool.hy_policy_pages
         row["fallback_pages"] = pool.hy_fallback_pages
         row["evict_calls"] = pool.hy_evict_calls
@@ -277,14 +328,17 @@ def summary(run: Run, args: argparse.Namespace) -> dict[str, Any]:
 def print_table(rows: list[dict[str, Any]]) -> None:
     stock = next((r for r in rows if r["config"] == "stock"), None)
     head = f"{'config':8} {'median ms':>9} {'p95 ms':>7} {'ratio':>6} {'p95 ratio':>9}"
-    print(head + f" {'evicted/step':>12} {'steps evicting':>14} {'running':>7} {'fallback':>8}")
+    print(
+        head.replace("config  ", "config        ")
+        + f" {'evicted/step':>12} {'steps evicting':>14} {'running':>7} {'fallback':>8}"
+    )
     for r in rows:
         ratio = r["median_ms"] / stock["median_ms"] if stock else float("nan")
         p95 = r["p95_ms"] / stock["p95_ms"] if stock else float("nan")
         r["ratio_median"], r["ratio_p95"] = ratio, p95
         fb = r.get("fallback_pages", "-")
         print(
-            f"{r['config']:8} {r['median_ms']:9.2f} {r['p95_ms']:7.2f} {ratio:6.2f} {p95:9.2f}"
+            f"{r['config']:14} {r['median_ms']:9.2f} {r['p95_ms']:7.2f} {ratio:6.2f} {p95:9.2f}"
             f" {r['evicted_per_step']:12.1f} {r['steps_with_evictions']:14.0%}"
             f" {r['running_mean']:7.0f} {fb!s:>8}"
         )
