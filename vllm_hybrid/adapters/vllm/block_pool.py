@@ -24,6 +24,7 @@ while the pool holds no cached block yet. What is overridden and why:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -36,8 +37,9 @@ from vllm.v1.core.kv_cache_utils import (
     get_group_id,
 )
 
+from vllm_hybrid.core.cache_stats import KV, SNAPSHOT, PageCounts
 from vllm_hybrid.core.feed import RequestFeed
-from vllm_hybrid.core.pool_mirror import PoolMirror
+from vllm_hybrid.core.pool_mirror import PoolMirror, VictimStats
 
 logger = logging.getLogger("vllm_hybrid")
 
@@ -51,6 +53,7 @@ class HybridBlockPool(BlockPool):
     hy_policy_pages: int
     hy_fallback_pages: int
     hy_evict_calls: int
+    hy_pages: PageCounts  # pages cached / evicted by kind, for metrics.py
     hy_feed: RequestFeed | None  # set by the scheduler's activate()
     hy_debug: bool
 
@@ -84,7 +87,10 @@ class HybridBlockPool(BlockPool):
         key = get_block_hash(block_hash_with_group_id)
         parent = self._hy_parent_key(request, num_tokens)
         group = get_group_id(block_hash_with_group_id)
+        newly_cached = not self._hy_mirror.holds(block.block_id)
         self._hy_mirror.add(block.block_id, key, group, num_tokens, parent)
+        if newly_cached:
+            self.hy_pages.on_cached(group)
 
     def _hy_parent_key(self, request: Any, end: int) -> Any:
         b = self._hy_mirror.block_tokens
@@ -96,7 +102,8 @@ class HybridBlockPool(BlockPool):
     def _remove_cached_block_hashes(self, block: KVCacheBlock) -> list[BlockHashWithGroupId]:
         removed = super()._remove_cached_block_hashes(block)
         if not self._hy_quiet:
-            self._hy_mirror.drop_page(block.block_id)
+            for group in {g for _, g in self._hy_mirror.drop_page(block.block_id)}:
+                self.hy_pages.on_dropped(group)
         return removed
 
     def move_block_hashes(self, src_block: KVCacheBlock, dst_block: KVCacheBlock) -> None:
@@ -115,6 +122,7 @@ class HybridBlockPool(BlockPool):
         done = super().reset_prefix_cache()
         if done:
             self._hy_mirror.clear()
+            self.hy_pages.on_reset()
         return done
 
     # ---------------------------------------------------------------- eviction
@@ -144,6 +152,8 @@ class HybridBlockPool(BlockPool):
 
     def _hy_evict(self, shortfall: int) -> None:
         """Drop the hashes of the policy's victims and move them to the head of the queue."""
+        stats_before = dataclasses.replace(self._hy_mirror.stats)
+        evicted_before = (self.hy_pages.evicted[KV], self.hy_pages.evicted[SNAPSHOT])
         victims = [
             self.blocks[p] for p in self._hy_mirror.pick_victims(shortfall, self._hy_is_free)
         ]
@@ -154,11 +164,26 @@ class HybridBlockPool(BlockPool):
         self.free_block_queue.prepend_n(victims)
         self.hy_policy_pages += len(victims)
         self.hy_evict_calls += 1
+        self._hy_log_batch(shortfall, len(victims), evicted_before, stats_before)
+
+    def _hy_log_batch(
+        self, shortfall: int, n_pages: int, evicted_before: tuple[int, int], before: VictimStats
+    ) -> None:
+        """One debug line per eviction batch: pages by kind and the victims' reasons."""
+        if not logger.isEnabledFor(logging.DEBUG):
+            return
+        now, ev = self._hy_mirror.stats, self.hy_pages.evicted
         logger.debug(
-            "vllm-hybrid: evicted %d cached blocks for a shortfall of %d (%s)",
-            len(victims),
+            "vllm-hybrid: eviction batch: %d pages (KV %d, snapshot %d) for a shortfall of %d; "
+            "by reason: dead pages %d, duplicate pages %d, KV units %d, snapshot units %d",
+            n_pages,
+            ev[KV] - evicted_before[0],
+            ev[SNAPSHOT] - evicted_before[1],
             shortfall,
-            self._hy_mirror.stats,
+            now.dead_pages - before.dead_pages,
+            now.duplicate_pages - before.duplicate_pages,
+            now.kv_units - before.kv_units,
+            now.snapshot_units - before.snapshot_units,
         )
 
     def _hy_pop(self, num_blocks: int) -> list[KVCacheBlock]:
@@ -193,6 +218,18 @@ class HybridBlockPool(BlockPool):
             )
             n_free += block.ref_cnt == 0 and not block.is_null
         assert n_free == self.get_num_free_blocks(), "free queue != blocks with ref_cnt 0"
+        self._hy_check_page_counts()
+
+    def _hy_check_page_counts(self) -> None:
+        """``hy_pages`` (metrics) agrees with the pages the mirror holds, by kind."""
+        self.hy_pages.check_integrity()
+        kinds = [
+            self.hy_pages.kind_of(g)
+            for p in self._hy_mirror.cached_pages()
+            for g in {g for _, g in self._hy_mirror.keys_of(p)}
+        ]
+        for kind in (KV, SNAPSHOT):
+            assert kinds.count(kind) == self.hy_pages.held(kind), f"{kind}: {self.hy_pages!r}"
 
 
 def _engine_keys(pool: BlockPool, block: KVCacheBlock) -> set[tuple[Any, int]]:
@@ -217,6 +254,7 @@ def install(pool: BlockPool, mirror: PoolMirror) -> HybridBlockPool:
     hybrid._hy_request = None
     hybrid._hy_quiet = False
     hybrid.hy_policy_pages = hybrid.hy_fallback_pages = hybrid.hy_evict_calls = 0
+    hybrid.hy_pages = PageCounts(mirror.kv_groups, mirror.state_groups)
     hybrid.hy_feed = None
     hybrid.hy_debug = False
     return hybrid
