@@ -67,11 +67,15 @@ def carry_hybrid_stats() -> bool:
 
 
 def block_bytes(kv_cache_config: Any) -> int:
-    """Device bytes one pool page holds: every ``KVCacheTensor`` (``vllm/v1/kv_cache_interface
-    .py``) is one page per block for one layer of each group, so a block id holds
-    ``sum(tensor sizes) / num_blocks`` bytes whichever group (KV or snapshot) uses it."""
-    total = sum(t.size for t in kv_cache_config.kv_cache_tensors)
-    return int(total // max(1, kv_cache_config.num_blocks))
+    """Device bytes one pool page (block id) holds, whichever group (KV or snapshot) uses it.
+
+    In vLLM 0.32.0 every group's ``KVCacheTensor`` spans the same buffer from byte 0
+    (``vllm/v1/core/kv_cache_utils.py::get_kv_cache_config_from_groups``: ``size =
+    bytes_per_block * num_blocks`` for each, aliased), so one tensor's size over
+    ``num_blocks`` is the bytes of a block: the page size of a group's layers summed, padded.
+    """
+    sizes = [t.size for t in kv_cache_config.kv_cache_tensors]
+    return int(max(sizes, default=0) // max(1, kv_cache_config.num_blocks))
 
 
 def hybrid_totals(pool: Any) -> dict[str, float]:
