@@ -15,7 +15,6 @@ import asyncio
 import random
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 from vllm_hybrid.bench import BenchError
@@ -86,19 +85,20 @@ async def _replay(
     args: argparse.Namespace,
     reqs: list[BenchRequest],
     time_scale: float | None,
-    on_done: Callable[[], None],
+    bar: Any,
 ) -> RowResult:
     client = _client(args.url)
     model = await _model_name(client, args.served_model)
     if time_scale is None:
         pace_s = await _pace(client, model, reqs, args.warmup)
         time_scale = time_scale_for_rate(reqs, args.load / max(pace_s, 1e-6))
+    bar.reset()  # time the replay, not the warm-up
     t0 = time.perf_counter()
 
     async def one(req: BenchRequest) -> tuple[BenchRequest, dict[str, Any]]:
         await asyncio.sleep(max(0.0, req.arrival_s * time_scale - (time.perf_counter() - t0)))
         got = await _stream(client, model, list(req.prompt_token_ids), req.max_tokens)
-        on_done()
+        bar.update(1)
         return req, got
 
     results = await asyncio.gather(*(one(r) for r in reqs))
@@ -130,13 +130,14 @@ def replay_http(
     args: argparse.Namespace,
     reqs: list[BenchRequest],
     time_scale: float | None,
-    on_done: Callable[[], None],
+    bar: Any,
 ) -> RowResult:
-    """Replay ``reqs`` against ``args.url``; ``time_scale`` None means --rate auto."""
+    """Replay ``reqs`` against ``args.url``; ``time_scale`` None means --rate auto; ``bar``
+    is a tqdm progress bar (one update per finished request)."""
     import openai
 
     try:
-        return asyncio.run(_replay(args, reqs, time_scale, on_done))
+        return asyncio.run(_replay(args, reqs, time_scale, bar))
     except openai.APIConnectionError:
         raise BenchError(f"cannot reach a server at {args.url}") from None
     except openai.APIStatusError as exc:

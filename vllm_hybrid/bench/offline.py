@@ -54,6 +54,16 @@ def pool_blocks(llm: Any) -> int | None:
     return int(blocks) if blocks else None
 
 
+def evictions(llm: Any) -> dict[str, int]:
+    """HybridBlockPool's eviction counters (empty for vLLM's own pool)."""
+    try:
+        pool = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.block_pool
+    except AttributeError:
+        return {}
+    names = ("policy_pages", "fallback_pages")
+    return {n: int(getattr(pool, f"hy_{n}")) for n in names if hasattr(pool, f"hy_{n}")}
+
+
 def _greedy(max_tokens: int) -> Any:
     import vllm
 
@@ -151,6 +161,7 @@ def run_row(spec: dict[str, Any]) -> RowResult:
         print(f"{PROGRESS}0", flush=True)  # engine ready: the replay starts now
         row = replay(llm.llm_engine, spec["requests"], arrivals)
         row.policy, row.blocks, row.time_scale = spec["policy"], pool_blocks(llm), time_scale
+        row.evictions = evictions(llm)
         return row
     finally:
         llm.llm_engine.engine_core.shutdown()

@@ -25,6 +25,7 @@ from vllm_hybrid.bench.offline import PROGRESS
 from vllm_hybrid.bench.policies import known_policies, parse_policies
 from vllm_hybrid.bench.report import (
     RowResult,
+    evictions_line,
     format_table,
     oracle_line,
     outputs_identical,
@@ -185,7 +186,7 @@ def run_http(args: argparse.Namespace, reqs: list[BenchRequest]) -> list[RowResu
 
     bar = progress_bar(len(reqs), args.label, not args.no_progress)
     with bar:
-        row = replay_http(args, reqs, fixed_time_scale(args, reqs), lambda: bar.update(1))
+        row = replay_http(args, reqs, fixed_time_scale(args, reqs), bar)
     return [row]
 
 
@@ -209,7 +210,7 @@ def print_report(args: argparse.Namespace, reqs: list[BenchRequest], rows: list[
         f"{'url ' + args.url if args.url else 'model ' + str(args.model)}"
     )
     print(format_table(summaries))
-    for line in (ratio_line(summaries), oracle_line(oracle)):
+    for line in (ratio_line(summaries), evictions_line(summaries), oracle_line(oracle)):
         if line:
             print(line)
     if args.json_out:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,18 +35,22 @@ class RequestRecord:
 
 @dataclass
 class RowResult:
-    """One policy's replay: the engine's pool size, its wall time and every request."""
+    """One policy's replay: the engine's pool size, its wall time and every request.
+    ``evictions``: blocks the core's policy evicted and blocks taken in vLLM's LRU order when it
+    could not free enough (HybridScheduler rows only)."""
 
     policy: str
     blocks: int | None
     wall_s: float
     time_scale: float
     records: list[RequestRecord]
+    evictions: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> RowResult:
         records = [RequestRecord(**r) for r in obj["records"]]
-        return cls(obj["policy"], obj["blocks"], obj["wall_s"], obj["time_scale"], records)
+        head = (obj["policy"], obj["blocks"], obj["wall_s"], obj["time_scale"])
+        return cls(*head, records, obj.get("evictions") or {})
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -84,6 +88,7 @@ def summarize(row: RowResult) -> dict[str, Any]:
         "requests_per_s": len(recs) / wall,
         "wall_s": row.wall_s,
         "time_scale": row.time_scale,
+        "evictions": row.evictions,
     }
 
 
@@ -135,6 +140,16 @@ def ratio_line(summaries: list[dict[str, Any]], num: str = "ours", den: str = "s
 
     ttft, computed = ratio("ttft_p50_ms"), ratio("prefill_tokens_computed")
     return f"{num}/{den}: TTFT p50 {ttft}, prefill tokens computed {computed}"
+
+
+def evictions_line(summaries: list[dict[str, Any]]) -> str:
+    """Blocks evicted by the core's policy / taken in LRU order, for the rows that report it."""
+    parts = [
+        f"{s['policy']} {s['evictions']['policy_pages']}/{s['evictions']['fallback_pages']}"
+        for s in summaries
+        if {"policy_pages", "fallback_pages"} <= set(s.get("evictions") or {})
+    ]
+    return "blocks evicted by policy/LRU fallback: " + ", ".join(parts) if parts else ""
 
 
 def oracle_line(oracle: dict[str, Any]) -> str:
