@@ -11,6 +11,7 @@ from vllm_hybrid.bench.policies import SCHEDULER_CLS, engine_setup, parse_polici
 from vllm_hybrid.bench.report import (
     RequestRecord,
     RowResult,
+    evictions_line,
     format_table,
     oracle_line,
     outputs_identical,
@@ -93,3 +94,12 @@ def test_ours_is_the_default_policy() -> None:
     from vllm_hybrid.core.config import HybridCacheConfig
 
     assert OURS_DEFAULT == HybridCacheConfig.from_sources(None, {}).policy
+
+
+def test_evictions_line_only_for_rows_that_report_them() -> None:
+    a = _row("stock", [0], [0.1], [[1]])
+    b = _row("ours", [0], [0.1], [[1]])
+    b.evictions = {"policy_pages": 12, "fallback_pages": 3}
+    line = evictions_line([summarize(a), summarize(b)])
+    assert line == "blocks evicted by policy/LRU fallback: ours 12/3"
+    assert evictions_line([summarize(a)]) == ""
