@@ -18,7 +18,8 @@ from vllm_hybrid.testing.fixtures import tiny_model_dir
 pytestmark = pytest.mark.engine
 pytest.importorskip("vllm", reason="the engine tests need the cpu extra")
 
-WORKLOAD = ["--trace", "gen:chat", "--requests", "12", "--max-tokens", "4", "--warmup", "1"]
+WORKLOAD = ["--trace", "gen:chat", "--requests", "12", "--scale", "0.15", "--max-tokens", "4"]
+WORKLOAD += ["--warmup", "1"]
 
 
 def _replay(argv: list[str], tmp_path, capsys) -> tuple[dict, str]:
