@@ -95,10 +95,10 @@ def test_preemption_and_aborts_keep_outputs(model_root, monkeypatch):
     rng = random.Random(7)
     prefix = [rng.randrange(10, 1000) for _ in range(300)]
     prompts = [prefix + [rng.randrange(10, 1000) for _ in range(40 + 30 * i)] for i in range(8)]
-    pool = {"num_gpu_blocks_override": 36, "max_model_len": 2048, "max_num_seqs": 6}
+    pool = {"num_gpu_blocks_override": 20, "max_model_len": 1024, "max_num_seqs": 8}
     aborted = ["1", "4"]
     with engine(model_dir, enable_prefix_caching=False, **pool) as llm:
-        reference = drive(llm, prompts, max_tokens=80)
+        reference = drive(llm, prompts, max_tokens=200)
 
     monkeypatch.setenv("VLLM_HYBRID_POLICY", "flop")
     monkeypatch.setenv("VLLM_HYBRID_DEBUG", "1")
@@ -110,7 +110,7 @@ def test_preemption_and_aborts_keep_outputs(model_root, monkeypatch):
             preemptions.append(req),
             preempt(req, *a, **k),
         )[1]
-        got = drive(llm, prompts, max_tokens=80, abort_at=(5, aborted))
+        got = drive(llm, prompts, max_tokens=200, abort_at=(5, aborted))
         assert set(got) == set(reference) - set(aborted)
         assert all(got[k] == reference[k] for k in got)
         assert preemptions, "the pool was meant to force preemption"

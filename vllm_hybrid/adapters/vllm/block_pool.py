@@ -56,6 +56,7 @@ class HybridBlockPool(BlockPool):
     hy_pages: PageCounts  # pages cached / evicted by kind, for metrics.py
     hy_feed: RequestFeed | None  # set by the scheduler's activate()
     hy_debug: bool
+    hy_block_bytes: int  # bytes of one block in all groups (for the byte gauges)
 
     # ---------------------------------------------------------------- mirroring the hash map
     def cache_full_blocks(self, request: Any, *args: Any, **kwargs: Any) -> None:
@@ -130,7 +131,27 @@ class HybridBlockPool(BlockPool):
         return self.blocks[page].ref_cnt == 0
 
     def _hy_free_cached(self) -> int:
-        return sum(self.blocks[p].ref_cnt == 0 for p in self._hy_mirror.cached_pages())
+        return self._hy_mirror.free_pages()
+
+    # Every ref_cnt change 0 <-> 1 of a pool block goes through get_new_blocks, touch (both
+    # 0 -> 1), free_blocks and unpin_blocks (-> 0); vLLM's other increments (MambaManager's
+    # copy-on-write) are on blocks already in use. The mirror keeps the free cached pages and
+    # the units' in-use counts from these events, so no eviction scans the pool.
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        blocks = list(ordered_blocks)  # callers pass generators (reversed(...))
+        super().free_blocks(blocks)
+        self._hy_released(blocks)
+
+    def unpin_blocks(self, blocks: Iterable[KVCacheBlock], *args: Any, **kwargs: Any) -> Any:
+        blocks = list(blocks)
+        out = super().unpin_blocks(blocks, *args, **kwargs)
+        self._hy_released(blocks)
+        return out
+
+    def _hy_released(self, blocks: Iterable[KVCacheBlock]) -> None:
+        for block in blocks:
+            if block.ref_cnt == 0 and not block.is_null and block.pool in (None, self):
+                self._hy_mirror.page_freed(block.block_id)
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """As vLLM's, but cached blocks are reused in the policy's order, not LRU order."""
@@ -146,6 +167,7 @@ class HybridBlockPool(BlockPool):
             self._maybe_evict_cached_block(block)
             assert block.ref_cnt == 0
             block.ref_cnt += 1
+            self._hy_mirror.page_used(block.block_id)
             if self.metrics_collector:
                 self.metrics_collector.on_block_allocated(block)
         return ret
@@ -208,7 +230,7 @@ class HybridBlockPool(BlockPool):
     # ---------------------------------------------------------------- debug checks
     def hy_check_integrity(self) -> None:
         """The mirror's invariants, and mirror == vLLM's hash map and free queue (O(pool))."""
-        self._hy_mirror.check_integrity()
+        self._hy_mirror.check_integrity(self._hy_is_free)
         n_free = 0
         for block in self.blocks:
             engine = _engine_keys(self, block)
@@ -251,10 +273,12 @@ def install(pool: BlockPool, mirror: PoolMirror) -> HybridBlockPool:
     pool.__class__ = HybridBlockPool
     hybrid: HybridBlockPool = pool  # type: ignore[assignment]
     hybrid._hy_mirror = mirror
+    mirror.use_free_events(b.block_id for b in pool.blocks if b.ref_cnt > 0 and not b.is_null)
     hybrid._hy_request = None
     hybrid._hy_quiet = False
     hybrid.hy_policy_pages = hybrid.hy_fallback_pages = hybrid.hy_evict_calls = 0
     hybrid.hy_pages = PageCounts(mirror.kv_groups, mirror.state_groups)
     hybrid.hy_feed = None
     hybrid.hy_debug = False
+    hybrid.hy_block_bytes = 0
     return hybrid

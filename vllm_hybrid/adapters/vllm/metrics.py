@@ -84,7 +84,7 @@ def hybrid_totals(pool: Any) -> dict[str, float]:
     return engine_totals(
         feed.counters if feed is not None else None,
         pool.hy_pages,
-        page_bytes=getattr(pool, "hy_block_bytes", 0),
+        page_bytes=pool.hy_block_bytes,
         policy_pages=pool.hy_policy_pages,
         fallback_pages=pool.hy_fallback_pages,
         eviction_batches=pool.hy_evict_calls,

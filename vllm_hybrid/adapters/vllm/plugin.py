@@ -27,6 +27,9 @@ def register() -> None:
     if os.environ.get(ENV_ENABLE, "1") == "0":
         logger.info("vllm-hybrid: disabled by %s=0", ENV_ENABLE)
         return
+    from vllm_hybrid.adapters.vllm.metrics import carry_hybrid_stats
+
+    carry_hybrid_stats()
     from vllm.platforms import current_platform
 
     if current_platform.is_cpu():

@@ -37,7 +37,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from vllm_hybrid.adapters.vllm.block_pool import HybridBlockPool, install
 from vllm_hybrid.adapters.vllm.config import engine_cost_model, load_config
-from vllm_hybrid.adapters.vllm.metrics import attach_hybrid_stats
+from vllm_hybrid.adapters.vllm.metrics import attach_hybrid_stats, block_bytes
 from vllm_hybrid.adapters.vllm.version import check_vllm_version
 from vllm_hybrid.core.config import periodic_interval
 from vllm_hybrid.core.feed import RequestFeed
@@ -98,6 +98,7 @@ def activate(scheduler: Any) -> HybridBlockPool | None:
         coordinator.retention_interval = retention
         scheduler.kv_cache_config.prefix_cache_retention_interval = retention
     hybrid = install(pool, mirror)
+    hybrid.hy_block_bytes = block_bytes(scheduler.kv_cache_config)
     hybrid.hy_feed = RequestFeed(policy, cost, pool.hash_block_size)
     hybrid.hy_debug = config.debug
     logger.info(
