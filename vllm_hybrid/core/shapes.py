@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, fields
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -32,20 +33,22 @@ class ModelShape:
     layers: tuple[LayerGroup, ...]
     source: str = ""
 
-    @property
+    # Cached: policies ask for these on every priority (the dataclass is frozen, the layers
+    # immutable; cached_property writes the instance __dict__, which frozen allows).
+    @cached_property
     def kv_bytes_per_token(self) -> int:
         return sum(g.kv_bytes_per_token for g in self.layers)
 
-    @property
+    @cached_property
     def snapshot_bytes(self) -> int:
         """Bytes of one recurrent-state snapshot (every recurrent layer's SSM + conv state)."""
         return sum(g.state_bytes for g in self.layers)
 
-    @property
+    @cached_property
     def linear_flops_per_token(self) -> int:
         return sum(g.linear_flops_per_token for g in self.layers)
 
-    @property
+    @cached_property
     def pair_flops(self) -> int:
         return sum(g.pair_flops for g in self.layers)
 
