@@ -33,7 +33,8 @@ def make_pool(n_blocks: int = 12, policy: str = "flop") -> HybridBlockPool:
 
 
 def request(name: str, n_blocks: int) -> SimpleNamespace:
-    return SimpleNamespace(block_hashes=[BlockHash(f"{name}{i}".encode()) for i in range(n_blocks)])
+    hashes = [BlockHash(f"{name}{i}".encode()) for i in range(n_blocks)]
+    return SimpleNamespace(request_id=name, block_hashes=hashes)
 
 
 def run_request(pool: HybridBlockPool, req: SimpleNamespace, snap_at: int) -> dict:

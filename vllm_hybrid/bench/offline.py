@@ -54,6 +54,32 @@ def pool_blocks(llm: Any) -> int | None:
     return int(blocks) if blocks else None
 
 
+def pool_layout(llm: Any) -> dict[str, Any] | None:
+    """The engine's pool for the simulator (``predict.PoolLayout``); None unless it is one
+    shared pool of full-attention and Mamba groups of one block size."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    specs = [g.kv_cache_spec for g in scheduler.kv_cache_config.kv_cache_groups]
+    kv = [s for s in specs if isinstance(s, FullAttentionSpec)]
+    state = [s for s in specs if isinstance(s, MambaSpec)]
+    pages = {s.page_size_bytes for s in specs}
+    sizes = {s.block_size for s in specs}
+    if len(kv) + len(state) != len(specs) or len(pages) != 1 or len(sizes) != 1:
+        return None
+    from vllm_hybrid.bench.predict import PoolLayout
+
+    hf_config = llm.llm_engine.vllm_config.model_config.hf_config
+    return PoolLayout(
+        blocks=scheduler.kv_cache_manager.block_pool.num_gpu_blocks,
+        block_tokens=sizes.pop(),
+        page_bytes=pages.pop(),
+        kv_groups=len(kv),
+        state_groups=len(state),
+        model_type=str(getattr(hf_config, "model_type", "")),
+    ).to_json()
+
+
 def evictions(llm: Any) -> dict[str, int]:
     """HybridBlockPool's eviction counters (empty for vLLM's own pool)."""
     try:
@@ -162,6 +188,7 @@ def run_row(spec: dict[str, Any]) -> RowResult:
         row = replay(llm.llm_engine, spec["requests"], arrivals)
         row.policy, row.blocks, row.time_scale = spec["policy"], pool_blocks(llm), time_scale
         row.evictions = evictions(llm)
+        row.layout = pool_layout(llm) if spec["policy"] != "off" else None
         return row
     finally:
         llm.llm_engine.engine_core.shutdown()

@@ -181,6 +181,20 @@ def run_offline(args: argparse.Namespace, reqs: list[BenchRequest]) -> list[RowR
     return rows
 
 
+def add_predictions(rows: list[RowResult], reqs: list[BenchRequest]) -> None:
+    """Each row's simulator prediction on the same requests, pool and costs (``predict.py``);
+    ``off`` predicts 0."""
+    from vllm_hybrid.bench.policies import OFF, OURS, OURS_DEFAULT
+    from vllm_hybrid.bench.predict import PoolLayout, predict_hit_rate
+
+    for row in rows:
+        if row.policy == OFF:
+            row.sim_hit_rate = 0.0
+        elif row.layout is not None:
+            name = OURS_DEFAULT if row.policy == OURS else row.policy
+            row.sim_hit_rate = predict_hit_rate(reqs, PoolLayout.from_json(row.layout), name)
+
+
 def run_http(args: argparse.Namespace, reqs: list[BenchRequest]) -> list[RowResult]:
     from vllm_hybrid.bench.http import replay_http
 
@@ -222,6 +236,7 @@ def run_replay(args: argparse.Namespace) -> int:
     try:
         reqs = load_workload(args)
         rows = run_http(args, reqs) if args.url else run_offline(args, reqs)
+        add_predictions(rows, reqs)
     except BenchError as exc:
         print(f"vllm-hybrid bench replay: {exc}", file=sys.stderr)
         return 2

@@ -45,12 +45,22 @@ class RowResult:
     time_scale: float
     records: list[RequestRecord]
     evictions: dict[str, int] = field(default_factory=dict)
+    #: The engine's pool as the cost model sees it (``predict.PoolLayout``), for the simulator.
+    layout: dict[str, Any] | None = None
+    #: The simulator's token hit rate for this row (filled in by the parent process).
+    sim_hit_rate: float | None = None
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> RowResult:
         records = [RequestRecord(**r) for r in obj["records"]]
         head = (obj["policy"], obj["blocks"], obj["wall_s"], obj["time_scale"])
-        return cls(*head, records, obj.get("evictions") or {})
+        return cls(
+            *head,
+            records,
+            obj.get("evictions") or {},
+            obj.get("layout"),
+            obj.get("sim_hit_rate"),
+        )
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -89,6 +99,7 @@ def summarize(row: RowResult) -> dict[str, Any]:
         "wall_s": row.wall_s,
         "time_scale": row.time_scale,
         "evictions": row.evictions,
+        "sim_hit_rate": row.sim_hit_rate,
     }
 
 
@@ -108,13 +119,14 @@ _COLUMNS = (
     ("blocks", "{:>6}", "{:>6}"),
     ("requests", "{:>8}", "{:>8}"),
     ("token_hit_rate", "{:>8}", "{:>8.3f}"),
+    ("sim_hit_rate", "{:>8}", "{:>8.3f}"),
     ("prefill_tokens_computed", "{:>9}", "{:>9}"),
     ("ttft_p50_ms", "{:>11}", "{:>11.1f}"),
     ("ttft_p95_ms", "{:>11}", "{:>11.1f}"),
     ("throughput_tok_s", "{:>9}", "{:>9.0f}"),
     ("wall_s", "{:>7}", "{:>7.1f}"),
 )
-_HEADERS = ("policy", "blocks", "requests", "hit rate", "computed")
+_HEADERS = ("policy", "blocks", "requests", "hit rate", "sim hit", "computed")
 _HEADERS += ("TTFT p50 ms", "TTFT p95 ms", "tok/s", "wall s")
 
 
@@ -123,7 +135,10 @@ def format_table(summaries: list[dict[str, Any]]) -> str:
     head = " ".join(fmt.format(h) for (_, fmt, _), h in zip(_COLUMNS, _HEADERS, strict=True))
     lines = [head]
     for s in summaries:
-        cells = [fmt.format("-" if s[k] is None else s[k]) for k, _, fmt in _COLUMNS]
+        cells = [
+            head_fmt.format("-") if s[k] is None else fmt.format(s[k])
+            for k, head_fmt, fmt in _COLUMNS
+        ]
         lines.append(" ".join(cells))
     return "\n".join(lines)
 

@@ -152,15 +152,23 @@ class PoolMirror:
         return self.now
 
     def add(
-        self, page: int, key: Hashable, group: int, end_tokens: int, parent_key: Hashable | None
+        self,
+        page: int,
+        key: Hashable,
+        group: int,
+        end_tokens: int,
+        parent_key: Hashable | None,
+        origin: int = -1,
     ) -> None:
-        """The engine cached ``page`` under ``(key, group)``; ``key`` ends at ``end_tokens``."""
+        """The engine cached ``page`` under ``(key, group)``; ``key`` ends at ``end_tokens``.
+        ``origin``: the index of the request that computed it (``Node.origin``), if known."""
         if group not in self.kv_groups and group not in self.state_groups:
             raise ValueError(f"group {group} is neither a KV nor a state group")
         self._victims.pop(page, None)
         entry = self._entries.get(key)
         if entry is None:
             entry = self._new_entry(key, end_tokens, parent_key)
+            entry.node.origin = origin
         if self._link(page, key, group, entry):
             self._group_added(entry, group)
         if group in self.state_groups:
@@ -367,12 +375,15 @@ class PoolMirror:
             self._add_refs(entry.node, delta)
 
     def _add_refs(self, node: Node | None, delta: int) -> None:
-        """``refs += delta`` on ``node`` and its ancestors; a node reaching 0 is re-ranked."""
+        """``refs += delta`` on ``node`` and its ancestors; a node whose refs become or stop
+        being 0 is re-ranked (policies may rank a node in use differently, e.g. flop offers a
+        leaf's state alone while its KV is in use)."""
         if delta == 0:
             return
         while node is not None:
+            was_free = node.refs == 0
             node.refs += delta
-            if node.refs == 0 and node is not self.root:
+            if was_free != (node.refs == 0) and node is not self.root:
                 self._mark(self._entries[node.key])
             node = node.parent
 

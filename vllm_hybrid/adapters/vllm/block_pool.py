@@ -57,6 +57,7 @@ class HybridBlockPool(BlockPool):
     hy_feed: RequestFeed | None  # set by the scheduler's activate()
     hy_debug: bool
     hy_block_bytes: int  # bytes of one block in all groups (for the byte gauges)
+    hy_origin: dict[str, int]  # request id -> its index in the feed, while it runs
 
     # ---------------------------------------------------------------- mirroring the hash map
     def cache_full_blocks(self, request: Any, *args: Any, **kwargs: Any) -> None:
@@ -89,7 +90,8 @@ class HybridBlockPool(BlockPool):
         parent = self._hy_parent_key(request, num_tokens)
         group = get_group_id(block_hash_with_group_id)
         newly_cached = not self._hy_mirror.holds(block.block_id)
-        self._hy_mirror.add(block.block_id, key, group, num_tokens, parent)
+        origin = self.hy_origin.get(request.request_id, -1)
+        self._hy_mirror.add(block.block_id, key, group, num_tokens, parent, origin)
         if newly_cached:
             self.hy_pages.on_cached(group)
 
@@ -281,4 +283,5 @@ def install(pool: BlockPool, mirror: PoolMirror) -> HybridBlockPool:
     hybrid.hy_feed = None
     hybrid.hy_debug = False
     hybrid.hy_block_bytes = 0
+    hybrid.hy_origin = {}
     return hybrid

@@ -88,7 +88,13 @@ def activate(scheduler: Any) -> HybridBlockPool | None:
         config, scheduler.vllm_config, scheduler.kv_cache_config, block_tokens, kv, state
     )
     policy = POLICIES[config.policy](cost)
-    mirror = PoolMirror(block_tokens=block_tokens, kv_groups=kv, state_groups=state, policy=policy)
+    mirror = PoolMirror(
+        block_tokens=block_tokens,
+        kv_groups=kv,
+        state_groups=state,
+        policy=policy,
+        kv_bytes_per_token=cost.kv_bytes_per_token,  # nodes' KV bytes, as the policy counts them
+    )
     if config.snapshot_every != "engine":
         interval = periodic_interval(
             config.snapshot_every, getattr(policy, "interval_tokens", None), block_tokens
@@ -145,14 +151,20 @@ class _HybridMixin:
             if request is None:
                 continue
             hit = new.num_computed_tokens
+            index = pool.hy_origin[new.req_id] = mirror.tick()
             pool.hy_feed.started(
-                mirror.tick(),
+                index,
                 request.num_prompt_tokens,
                 hit,
                 max(hit, request.shared_prefix_boundary),
                 request.block_hashes,
                 mirror.node_of,
             )
+
+    def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.hybrid_pool is not None:
+            self.hybrid_pool.hy_origin.pop(request.request_id, None)
+        return super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
 
     def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
         out = super().update_from_output(*args, **kwargs)  # type: ignore[misc]
