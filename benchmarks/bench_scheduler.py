@@ -42,8 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--configs",
-        default="stock,flop,vllm,flop+events,vllm+events",
-        help="stock and/or policy names; +events: with the proposed free-event wiring",
+        default="stock,flop,vllm",
+        help="stock and/or policy names",
     )
     p.add_argument("--running", type=int, default=256, help="requests kept in flight")
     p.add_argument("--steps", type=int, default=200, help="timed steps per configuration")
@@ -131,9 +131,8 @@ def build_scheduler(name: str, args: argparse.Namespace) -> Any:
     block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_config, config)
     kv_config.hash_block_size = hash_block_size
     cls = Scheduler
-    policy, _, wiring = name.partition("+")
     if name != "stock":
-        os.environ["VLLM_HYBRID_POLICY"] = policy
+        os.environ["VLLM_HYBRID_POLICY"] = name
         cls = HybridScheduler
     sched = cls(
         vllm_config=config,
@@ -144,48 +143,7 @@ def build_scheduler(name: str, args: argparse.Namespace) -> Any:
     )
     if name != "stock" and sched.hybrid_pool is None:
         raise RuntimeError("HybridScheduler did not activate on this KV cache config")
-    if wiring == "events":
-        wire_free_events(sched.hybrid_pool)
-    elif wiring:
-        raise ValueError(f"unknown suffix +{wiring} (only +events)")
     return sched, hash_block_size
-
-
-def wire_free_events(pool: Any) -> None:
-    """Preview of the adapter change proposed in docs/scheduler_overhead.md, patched on this
-    pool instance only: report every block's free-state change to the mirror
-    (``PoolMirror.use_free_events``), so no eviction re-checks in-use pages, and count the
-    free cached blocks in O(1) (``PoolMirror.free_pages``) instead of scanning every cached
-    block on each ``get_new_blocks``."""
-    mirror = pool._hy_mirror
-    cls = type(pool)
-    mirror.use_free_events(b.block_id for b in pool.blocks if b.ref_cnt > 0 and not b.is_null)
-
-    def get_new_blocks(num_blocks: int) -> Any:
-        ret = cls.get_new_blocks(pool, num_blocks)
-        for block in ret:
-            mirror.page_used(block.block_id)
-        return ret
-
-    def released(blocks: list[Any]) -> None:
-        for block in blocks:
-            if block.ref_cnt == 0 and not block.is_null and block.pool in (None, pool):
-                mirror.page_freed(block.block_id)
-
-    def free_blocks(ordered_blocks: Any) -> None:
-        blocks = list(ordered_blocks)
-        cls.free_blocks(pool, blocks)
-        released(blocks)
-
-    def unpin_blocks(blocks: Any, on_reuse: Any) -> None:
-        blocks = list(blocks)
-        cls.unpin_blocks(pool, blocks, on_reuse)
-        released(blocks)
-
-    pool.get_new_blocks = get_new_blocks
-    pool.free_blocks = free_blocks
-    pool.unpin_blocks = unpin_blocks
-    pool._hy_free_cached = mirror.free_pages  # touch() already reports uses (touch_pages)
 
 
 # ---------------------------------------------------------------------------------- workload

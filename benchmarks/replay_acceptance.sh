@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The issue-4 acceptance replays: the small real-shaped Zamba2, a pool small enough to evict,
+# stock vLLM vs ours (vs no caching on chat), arrivals scaled to the machine (--rate auto).
+# Tables go to stdout, everything else to out/replay/*.json. About 25 minutes on 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+MODEL=${MODEL:-out/models/zamba2-small-s0}
+OUT=${OUT:-out/replay}
+TRACE=${TRACE:-../shared/traces/mooncake_synthetic_trace.jsonl}
+mkdir -p "$OUT"
+[ -d "$MODEL" ] || $PY -m vllm_hybrid.testing.make_model --arch zamba2 --out "$MODEL" --size small
+replay() { $PY -m vllm_hybrid.cli bench replay --model "$MODEL" --scale 0.25 --max-tokens 4 --no-progress "$@"; }
+replay --trace gen:chat --requests 150 --blocks 96 --policies stock,ours,off --json "$OUT/chat.json"
+replay --trace gen:agent --requests 80 --blocks 64 --policies stock,ours --json "$OUT/agent.json"
+replay --trace "$TRACE" --requests 120 --blocks 192 --policies stock,ours --json "$OUT/mooncake.json"
