@@ -1,5 +1,6 @@
-"""CI subset of the differential fuzzer: caching on (small pool: eviction, preemption, chunked
-prefill, aborts, n > 1, stop tokens) == caching off, for every request that finished in both."""
+"""CI subset of the differential fuzzer: caching on with the hybrid cache (small pool: eviction,
+preemption, chunked prefill, aborts, n > 1, stop tokens) == caching off, for every request that
+finished in both; the cache's integrity is checked after every scheduler step."""
 
 from __future__ import annotations
 
@@ -25,8 +26,12 @@ def test_fuzz_cached_equals_uncached(arch, seed, n_requests, model_root):
     plan = make_plan(seed, n_requests=n_requests)
     with engine(model_dir, enable_prefix_caching=False, **PRESSURE) as llm:
         reference = run_plan(llm, plan)
-    with engine(model_dir, enable_prefix_caching=True, **PRESSURE) as llm:
+    # No scheduler_cls: the plugin selects the hybrid cache; debug checks its integrity per step.
+    debug = {"additional_config": {"vllm_hybrid": {"debug": True}}}
+    with engine(model_dir, enable_prefix_caching=True, **PRESSURE, **debug) as llm:
         tested = run_plan(llm, plan)
+        scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+        assert scheduler.hybrid_pool is not None and scheduler.hybrid_checks > 0
     compared, mismatched = compare(reference, tested)
     assert mismatched == []
     assert compared >= n_requests // 2

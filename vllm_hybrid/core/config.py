@@ -12,13 +12,13 @@ key                 environment            default                  meaning
                                                                     ``core.policies.POLICIES``)
                                                                     or ``stock``: leave the
                                                                     engine's own cache alone
-``snapshot_every``  VLLM_HYBRID_SNAPSHOT_  ``auto``                 periodic state snapshots:
-                    EVERY                                           ``auto`` (the policy's
-                                                                    interval), ``engine``
-                                                                    (keep the engine's
-                                                                    setting), ``dense`` (every
-                                                                    block) or a token count
-                                                                    (0: only prompt ends and
+``snapshot_every``  VLLM_HYBRID_SNAPSHOT_  ``engine``               periodic state snapshots:
+                    EVERY                                           ``engine`` (keep the
+                                                                    engine's setting), ``auto``
+                                                                    (the policy's interval),
+                                                                    ``dense`` (every block) or
+                                                                    a token count (0: only
+                                                                    prompt ends and
                                                                     shared-prefix junctions)
 ``shape``           VLLM_HYBRID_SHAPE      ``auto``                 cost model's FLOPs: a
                                                                     shipped shape, a JSON path,
@@ -56,7 +56,7 @@ class HybridCacheConfig:
     """Validated settings (see the module docstring for each field)."""
 
     policy: str = "flop"
-    snapshot_every: str | int = "auto"
+    snapshot_every: str | int = "engine"
     shape: str = "auto"
     debug: bool = False
 

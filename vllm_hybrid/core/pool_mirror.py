@@ -375,15 +375,17 @@ class PoolMirror:
             self._add_refs(entry.node, delta)
 
     def _add_refs(self, node: Node | None, delta: int) -> None:
-        """``refs += delta`` on ``node`` and its ancestors; a node whose refs become or stop
-        being 0 is re-ranked (policies may rank a node in use differently, e.g. flop offers a
-        leaf's state alone while its KV is in use)."""
+        """``refs += delta`` on ``node`` and its ancestors. A node reaching 0 is re-ranked; so
+        is a leaf with a snapshot leaving 0 (a policy may offer a leaf's state alone while its
+        KV is in use, as flop does; other nodes in use have no valid unit to re-rank)."""
         if delta == 0:
             return
         while node is not None:
             was_free = node.refs == 0
             node.refs += delta
-            if was_free != (node.refs == 0) and node is not self.root:
+            if node is not self.root and (
+                node.refs == 0 or (was_free and node.is_leaf and node.has_snapshot)
+            ):
                 self._mark(self._entries[node.key])
             node = node.parent
 

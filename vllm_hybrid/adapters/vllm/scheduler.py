@@ -17,11 +17,11 @@ Activation (:func:`activate`):
 
 * eviction: swaps the pool's class to
   :class:`~vllm_hybrid.adapters.vllm.block_pool.HybridBlockPool` (the policy picks victims);
-* admission: sets the coordinator's snapshot retention interval
-  (``KVCacheCoordinator.retention_interval``, read by ``MambaManager.cache_blocks`` through
-  ``reachable_block_mask`` at every step) to the policy's periodic interval; prompt ends and
-  shared-prefix junctions are always kept, at their exact (hash-block) positions, by vLLM's
-  prefill checkpoint;
+* admission (only when ``snapshot_every`` is not ``engine``): sets the coordinator's snapshot
+  retention interval (``KVCacheCoordinator.retention_interval``, read by
+  ``MambaManager.cache_blocks`` through ``reachable_block_mask`` at every step), e.g. to the
+  policy's periodic interval; prompt ends and shared-prefix junctions are always kept, at their
+  hash-block positions, by vLLM's prefill checkpoint;
 * learning: every request, when first scheduled, is fed to the policy (``core/feed.py``).
 
 Settings: ``additional_config={"vllm_hybrid": {...}}`` or environment, see ``config.py``.
