@@ -176,8 +176,10 @@ class HybridBlockPool(BlockPool):
 
     def _hy_evict(self, shortfall: int) -> None:
         """Drop the hashes of the policy's victims and move them to the head of the queue."""
-        stats_before = dataclasses.replace(self._hy_mirror.stats)
-        evicted_before = (self.hy_pages.evicted[KV], self.hy_pages.evicted[SNAPSHOT])
+        logging_on = logger.isEnabledFor(logging.DEBUG)
+        if logging_on:  # only the debug line needs the counts from before
+            stats_before = dataclasses.replace(self._hy_mirror.stats)
+            evicted_before = (self.hy_pages.evicted[KV], self.hy_pages.evicted[SNAPSHOT])
         victims = [
             self.blocks[p] for p in self._hy_mirror.pick_victims(shortfall, self._hy_is_free)
         ]
@@ -188,14 +190,13 @@ class HybridBlockPool(BlockPool):
         self.free_block_queue.prepend_n(victims)
         self.hy_policy_pages += len(victims)
         self.hy_evict_calls += 1
-        self._hy_log_batch(shortfall, len(victims), evicted_before, stats_before)
+        if logging_on:
+            self._hy_log_batch(shortfall, len(victims), evicted_before, stats_before)
 
     def _hy_log_batch(
         self, shortfall: int, n_pages: int, evicted_before: tuple[int, int], before: VictimStats
     ) -> None:
         """One debug line per eviction batch: pages by kind and the victims' reasons."""
-        if not logger.isEnabledFor(logging.DEBUG):
-            return
         now, ev = self._hy_mirror.stats, self.hy_pages.evicted
         logger.debug(
             "vllm-hybrid: eviction batch: %d pages (KV %d, snapshot %d) for a shortfall of %d; "
