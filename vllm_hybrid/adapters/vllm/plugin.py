@@ -39,6 +39,21 @@ def register() -> None:
     select_hybrid_scheduler()
 
 
+def share_vllm_logging() -> None:
+    """Print our log lines the way vLLM prints its own: the ``vllm_hybrid`` logger gets the
+    handlers and level vLLM configured on its ``vllm`` logger (``vllm/logger.py``), unless the
+    application configured ours itself. Records still propagate (to pytest's capture, say).
+    vLLM configures logging when it builds the engine's config, after plugins load, so this
+    runs when the scheduler starts (``scheduler.py::activate``)."""
+    ours, theirs = logging.getLogger("vllm_hybrid"), logging.getLogger("vllm")
+    if ours.handlers or not theirs.handlers:
+        return
+    for handler in theirs.handlers:
+        ours.addHandler(handler)
+    if ours.level == logging.NOTSET:
+        ours.setLevel(theirs.level)
+
+
 def select_hybrid_scheduler() -> bool:
     """Make our schedulers vLLM's default: where no ``scheduler_cls`` is configured,
     ``SchedulerConfig.get_scheduler_cls`` (``vllm/config/scheduler.py``, called once by

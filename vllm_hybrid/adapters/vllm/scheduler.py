@@ -38,6 +38,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm_hybrid.adapters.vllm.block_pool import HybridBlockPool, install
 from vllm_hybrid.adapters.vllm.config import engine_cost_model, load_config
 from vllm_hybrid.adapters.vllm.metrics import attach_hybrid_stats, block_bytes
+from vllm_hybrid.adapters.vllm.plugin import share_vllm_logging
 from vllm_hybrid.adapters.vllm.version import check_vllm_version
 from vllm_hybrid.core.config import periodic_interval
 from vllm_hybrid.core.feed import RequestFeed
@@ -68,6 +69,7 @@ def activate(scheduler: Any) -> HybridBlockPool | None:
     """Put the core in charge of ``scheduler``'s prefix cache if the model and settings call
     for it; returns the hybrid pool, or None (the scheduler stays stock). Bad settings raise
     :class:`~vllm_hybrid.core.config.ConfigError` even where the cache would stay stock."""
+    share_vllm_logging()
     config = load_config(scheduler.vllm_config)
     if not scheduler.cache_config.enable_prefix_caching or not config.enabled:
         return None
