@@ -7,7 +7,7 @@ import json
 import pytest
 
 from vllm_hybrid.bench import BenchError
-from vllm_hybrid.bench.policies import SCHEDULER_CLS, engine_setup, parse_policies
+from vllm_hybrid.bench.policies import engine_setup, parse_policies
 from vllm_hybrid.bench.report import (
     RequestRecord,
     RowResult,
@@ -76,13 +76,14 @@ def test_json_has_summary_and_every_record(tmp_path) -> None:
 def test_policies_map_to_engine_settings() -> None:
     assert parse_policies("stock, ours,off,marconi") == ["stock", "ours", "off", "marconi"]
     stock, off, ours = engine_setup("stock"), engine_setup("off"), engine_setup("ours")
-    assert (
-        stock.engine_kwargs["enable_prefix_caching"] and "scheduler_cls" not in stock.engine_kwargs
-    )
+    assert stock.engine_kwargs == {
+        "enable_prefix_caching": True,
+        "additional_config": {"vllm_hybrid": {"policy": "stock"}},
+    }
     assert off.engine_kwargs["enable_prefix_caching"] is False
-    assert ours.engine_kwargs["scheduler_cls"] == SCHEDULER_CLS
     assert ours.engine_kwargs["additional_config"] == {"vllm_hybrid": {"policy": "flop"}}
-    assert engine_setup("sglang").env == {"VLLM_HYBRID_POLICY": "sglang"}
+    sglang = engine_setup("sglang").engine_kwargs
+    assert sglang["additional_config"] == {"vllm_hybrid": {"policy": "sglang"}}
     with pytest.raises(BenchError, match="unknown policy 'lru'"):
         parse_policies("stock,lru")
     with pytest.raises(BenchError, match="twice"):

@@ -9,7 +9,8 @@ from vllm_hybrid.core.config import ConfigError, HybridCacheConfig, periodic_int
 
 def test_defaults_and_precedence() -> None:
     assert HybridCacheConfig.from_sources(None, {}) == HybridCacheConfig()
-    env = {"VLLM_HYBRID_POLICY": "vllm", "VLLM_HYBRID_DEBUG": "1", "VLLM_HYBRID_SNAPSHOT_EVERY": "0"}
+    env = {"VLLM_HYBRID_POLICY": "vllm", "VLLM_HYBRID_DEBUG": "1"}
+    env["VLLM_HYBRID_SNAPSHOT_EVERY"] = "0"
     got = HybridCacheConfig.from_sources(None, env)
     assert (got.policy, got.debug, got.snapshot_every) == ("vllm", True, 0)
     got = HybridCacheConfig.from_sources({"policy": "stock", "debug": False}, env)

@@ -197,7 +197,7 @@ def run_row(spec: dict[str, Any]) -> RowResult:
 def main(argv: list[str]) -> int:
     spec_path, out_path = Path(argv[0]), Path(argv[1])
     spec = json.loads(spec_path.read_text())
-    for key, value in {**ENGINE_ENV, **engine_setup(spec["policy"]).env}.items():
+    for key, value in ENGINE_ENV.items():
         if key == "VLLM_CPU_KVCACHE_SPACE":
             os.environ.setdefault(key, value)
         else:

@@ -3,8 +3,8 @@
 ``stock`` is vLLM's own prefix caching (align mode, LRU eviction), ``off`` is prefix caching
 disabled, ``ours`` is :class:`~vllm_hybrid.adapters.vllm.scheduler.HybridScheduler` with the
 default policy, and any name of ``core.policies.POLICIES`` is HybridScheduler with that policy.
-The policy reaches the engine as ``additional_config={"vllm_hybrid": {"policy": NAME}}`` and,
-for the HybridScheduler rows, also as ``scheduler_cls`` and ``$VLLM_HYBRID_POLICY``.
+The policy reaches the engine as ``additional_config={"vllm_hybrid": {"policy": NAME}}``; the
+plugin selects HybridScheduler by itself.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from vllm_hybrid.bench import BenchError
 from vllm_hybrid.core.config import STOCK, HybridCacheConfig
 from vllm_hybrid.core.policies import POLICIES
 
-SCHEDULER_CLS = "vllm_hybrid.adapters.vllm.scheduler.HybridScheduler"
 #: The policy the hybrid cache runs when none is configured.
 OURS_DEFAULT = HybridCacheConfig.policy
 OFF, OURS = "off", "ours"
@@ -24,11 +23,10 @@ OFF, OURS = "off", "ours"
 
 @dataclass(frozen=True)
 class EngineSetup:
-    """Engine keyword arguments and environment for one policy row."""
+    """Engine keyword arguments for one policy row."""
 
     policy: str
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
-    env: dict[str, str] = field(default_factory=dict)
 
 
 def known_policies() -> list[str]:
@@ -50,16 +48,9 @@ def parse_policies(text: str) -> list[str]:
 
 def engine_setup(name: str) -> EngineSetup:
     """The engine settings that make row ``name`` (a name accepted by :func:`parse_policies`)."""
-    core = OURS_DEFAULT if name == OURS else name
-    if name in (STOCK, OFF):
-        kwargs: dict[str, Any] = {
-            "enable_prefix_caching": name == STOCK,
-            "additional_config": {"vllm_hybrid": {"policy": STOCK}},
-        }
-        return EngineSetup(name, kwargs)
-    kwargs = {
-        "enable_prefix_caching": True,
-        "scheduler_cls": SCHEDULER_CLS,
-        "additional_config": {"vllm_hybrid": {"policy": core}},
+    policy = STOCK if name in (STOCK, OFF) else OURS_DEFAULT if name == OURS else name
+    kwargs: dict[str, Any] = {
+        "enable_prefix_caching": name != OFF,
+        "additional_config": {"vllm_hybrid": {"policy": policy}},
     }
-    return EngineSetup(name, kwargs, {"VLLM_HYBRID_POLICY": core})
+    return EngineSetup(name, kwargs)
