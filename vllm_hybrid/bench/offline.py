@@ -57,17 +57,16 @@ def pool_blocks(llm: Any) -> int | None:
 def pool_layout(llm: Any) -> dict[str, Any] | None:
     """The engine's pool for the simulator (``predict.PoolLayout``); None unless it is one
     shared pool of full-attention and Mamba groups of one block size."""
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+    from vllm_hybrid.adapters.vllm.scheduler import hybrid_groups
+    from vllm_hybrid.bench.predict import PoolLayout
 
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    groups = hybrid_groups(scheduler.kv_cache_config)
     specs = [g.kv_cache_spec for g in scheduler.kv_cache_config.kv_cache_groups]
-    kv = [s for s in specs if isinstance(s, FullAttentionSpec)]
-    state = [s for s in specs if isinstance(s, MambaSpec)]
     pages = {s.page_size_bytes for s in specs}
-    sizes = {s.block_size for s in specs}
-    if len(kv) + len(state) != len(specs) or len(pages) != 1 or len(sizes) != 1:
+    if groups is None or len(pages) != 1 or len(groups[2]) != 1:
         return None
-    from vllm_hybrid.bench.predict import PoolLayout
+    kv, state, sizes = groups
 
     hf_config = llm.llm_engine.vllm_config.model_config.hf_config
     return PoolLayout(

@@ -48,9 +48,9 @@ class PoolLayout:
         return cls(**obj)
 
     def cost_model(self) -> CostModel:
-        held = (self.kv_groups * self.page_bytes // self.block_tokens,)
         shape = load_shape(shape_name_for_model_type(self.model_type))
-        return CostModel(shape, self.block_tokens, (*held, self.state_groups * self.page_bytes))
+        kv, state = self.kv_groups * self.page_bytes, self.state_groups * self.page_bytes
+        return CostModel.from_pages(shape, self.block_tokens, kv, state)
 
 
 def sim_requests(reqs: Sequence[BenchRequest], block_tokens: int) -> list[SimRequest]:

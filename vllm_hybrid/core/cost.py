@@ -23,6 +23,15 @@ class CostModel:
     #: padded pages), in place of the shape's natural sizes; None: the shape's.
     held_bytes: tuple[int, int] | None = None
 
+    @classmethod
+    def from_pages(
+        cls, shape: ModelShape, block_tokens: int, kv_block_bytes: int, snapshot_bytes: int
+    ) -> CostModel:
+        """FLOPs of ``shape``, bytes as a page pool holds them: one block of KV costs
+        ``kv_block_bytes`` (its pages in every attention group), a snapshot ``snapshot_bytes``
+        (its pages in every recurrent group)."""
+        return cls(shape, block_tokens, (max(1, kv_block_bytes // block_tokens), snapshot_bytes))
+
     def __post_init__(self) -> None:
         if self.block_tokens <= 0:
             raise ValueError(f"block_tokens must be positive, got {self.block_tokens}")

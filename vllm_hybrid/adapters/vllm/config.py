@@ -58,11 +58,11 @@ def engine_cost_model(
     groups = kv_cache_config.kv_cache_groups
     kv_page = sum(groups[g].kv_cache_spec.page_size_bytes for g in kv_groups)
     state_page = sum(groups[g].kv_cache_spec.page_size_bytes for g in state_groups)
-    held = (max(1, kv_page // block_tokens), state_page)
+    cost = CostModel.from_pages(shape, block_tokens, kv_page, state_page)
     logger.info(
         "vllm-hybrid: cost model: FLOPs of shape %s, bytes held: KV %d B/token, snapshot %d B",
         shape.name,
-        held[0],
-        held[1],
+        cost.kv_bytes_per_token,
+        cost.snapshot_bytes,
     )
-    return CostModel(shape, block_tokens, held_bytes=held)
+    return cost

@@ -152,4 +152,4 @@ class HybridStatLogger(AggregateStatLoggerBase):
             gauge[engine_idx].set(totals.get(key, 0.0))
 
     def log_engine_initialized(self) -> None:
-        pass
+        """Nothing to print: the metrics are scraped, not logged."""

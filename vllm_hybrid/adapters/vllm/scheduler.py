@@ -48,7 +48,7 @@ from vllm_hybrid.core.pool_mirror import PoolMirror
 logger = logging.getLogger("vllm_hybrid")
 
 
-def _groups(kv_cache_config: Any) -> tuple[list[int], list[int], set[int]] | None:
+def hybrid_groups(kv_cache_config: Any) -> tuple[list[int], list[int], set[int]] | None:
     """(attention group ids, Mamba group ids, block sizes), or None if another spec is used."""
     from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
@@ -73,7 +73,7 @@ def activate(scheduler: Any) -> HybridBlockPool | None:
     config = load_config(scheduler.vllm_config)
     if not scheduler.cache_config.enable_prefix_caching or not config.enabled:
         return None
-    groups = _groups(scheduler.kv_cache_config)
+    groups = hybrid_groups(scheduler.kv_cache_config)
     if groups is None or not groups[0] or not groups[1]:
         return None  # not a (full attention + Mamba) hybrid: stock path
     kv, state, sizes = groups
