@@ -2,13 +2,16 @@
 
 The reference keeps, per cached entry, the token prefix it stands for (mirrored from what each
 request left and what the index reports as evicted) and finds the longest cached snapshot that is
-a prefix of the prompt by comparing tokens, with no trie and no hashing.
+a prefix of the prompt by comparing tokens, with no trie and no hashing. With a host tier, a
+snapshot on the host counts as cached (the reference does not care which tier holds it), and
+both budgets are checked after every request.
 """
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vllm_hybrid.core.cost import CostModel
+from vllm_hybrid.core.host_tier import HostTier
 from vllm_hybrid.core.index import PrefixIndex
 from vllm_hybrid.core.layers import AttentionLayers, Mamba2Layers
 from vllm_hybrid.core.policies import POLICIES, InfinitePolicy
@@ -58,7 +61,8 @@ def _brute_hit(mirror, tokens, max_tokens):
     return best_snap, best_kv
 
 
-def _run(trace, policy, budget):
+def _run(trace, policy, budget, host_budget=0):
+    host = HostTier(host_budget, 1.0) if host_budget else None
     index = PrefixIndex(
         block_tokens=B,
         kv_bytes_per_token=1,
@@ -66,6 +70,7 @@ def _run(trace, policy, budget):
         budget_bytes=budget,
         policy=policy,
         record_evictions=True,
+        host=host,
     )
     mirror = {}
     for t, (content, prompt) in enumerate(trace):
@@ -75,6 +80,10 @@ def _run(trace, policy, budget):
         assert (m.hit_tokens, m.kv_tokens) == _brute_hit(mirror, content, prompt - 1)
         h = index.lock(m.kv_nodes[-1] if m.kv_nodes else index.root)
         index.touch(m, t)
+        on_host = index.on_host(m.hit_node)
+        assert index.promote(m, t) == on_host
+        if on_host:
+            assert m.hit_node.has_snapshot or index.on_host(m.hit_node)  # kept on one tier
         ctx = AdmitContext(
             t, prompt, len(content), m.hit_tokens, m.kv_tokens, False, B, True, kr.key_at
         )
@@ -90,15 +99,32 @@ def _run(trace, policy, budget):
             key = kr.key_at(pos)
             node = index.get(key) if key is not None else None
             if node is not None:
-                mirror[key] = (tuple(content[:pos]), node.has_snapshot)
+                mirror[key] = (tuple(content[:pos]), node.has_snapshot or index.on_host(node))
+        for key, (prefix, _) in list(mirror.items()):
+            node = index.get(key)  # a demotion keeps a state the eviction log reports freed
+            if node is not None and index.on_host(node):
+                mirror[key] = (prefix, True)
         index.check_integrity()
         assert index.used_bytes <= budget
+        if host is not None:
+            assert host.used_bytes <= host_budget
 
 
 @settings(max_examples=120, deadline=None)
 @given(trace=traces(), name=st.sampled_from(sorted(POLICIES)), budget=st.integers(0, 60))
 def test_hits_equal_bruteforce(trace, name, budget) -> None:
     _run(trace, POLICIES[name](COST), budget)
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    trace=traces(),
+    name=st.sampled_from(sorted(POLICIES)),
+    budget=st.integers(0, 40),
+    host_budget=st.integers(1, 12),
+)
+def test_hits_equal_bruteforce_with_host_tier(trace, name, budget, host_budget) -> None:
+    _run(trace, POLICIES[name](COST), budget, host_budget)
 
 
 @settings(max_examples=60, deadline=None)

@@ -22,6 +22,9 @@ class CostModel:
     #: ``(KV bytes per token, bytes per snapshot)`` as the engine really holds them (e.g. its
     #: padded pages), in place of the shape's natural sizes; None: the shape's.
     held_bytes: tuple[int, int] | None = None
+    #: Snapshots stored compressed (int8 SSM state + per-head scales; docs/kernels.md) instead
+    #: of in the state's dtype. Only the bytes change: FLOPs saved by a hit are the same.
+    int8_snapshots: bool = False
 
     @classmethod
     def from_pages(
@@ -52,6 +55,8 @@ class CostModel:
     def snapshot_bytes(self) -> int:
         if self.held_bytes is not None:
             return self.held_bytes[1]
+        if self.int8_snapshots:
+            return self.shape.snapshot_bytes_int8
         return self.shape.snapshot_bytes
 
     def span_flops(self, a_tokens: int, b_tokens: int) -> float:

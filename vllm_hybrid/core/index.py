@@ -29,6 +29,11 @@ Invariants (asserted by :meth:`check_integrity`, numbered as there):
    and ``n_snapshots`` the number of snapshots held.
 6. ``used_bytes <= peak_bytes <= budget_bytes``: the budget is never exceeded, not even
    transiently (room is made before bytes are taken).
+
+With a :class:`~vllm_hybrid.core.host_tier.HostTier` (``host=``), a snapshot the policy evicts
+alone is demoted there instead of lost; :meth:`match` counts host snapshots as resume points and
+:meth:`promote` brings the one a request hits back to the device. The tier's own invariants (H1,
+H2) are checked with the index's.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Hashable, Sequence
 
+from vllm_hybrid.core.host_tier import HostTier
 from vllm_hybrid.core.node import Eviction, LockHandle, Match, Node
 from vllm_hybrid.core.policy import EvictionPolicy
 
@@ -59,6 +65,7 @@ class PrefixIndex:
         budget_bytes: int,
         policy: EvictionPolicy,
         record_evictions: bool = False,
+        host: HostTier | None = None,
     ) -> None:
         if block_tokens <= 0 or budget_bytes < 0 or kv_bytes_per_token < 0 or snapshot_bytes < 0:
             raise ValueError("block_tokens must be > 0 and byte sizes >= 0")
@@ -85,6 +92,9 @@ class PrefixIndex:
         self._on_evicted: Callable[[Node, bool, int], None] | None = getattr(
             policy, "on_evicted", None
         )
+        self.host = host
+        if host is not None:
+            host.attach(snapshot_bytes)
 
     # ----------------------------------------------------------------- queries
     @property
@@ -99,8 +109,10 @@ class PrefixIndex:
     ) -> Match:
         """Longest cached KV prefix of ``block_hashes`` within ``max_tokens`` and the deepest
         snapshot on it. ``probe(block_index, n_tokens)`` returns the key of the request's first
-        ``n_tokens`` of block ``block_index``; with it, partial (exact-position) snapshots match."""
+        ``n_tokens`` of block ``block_index``; with it, partial (exact-position) snapshots match.
+        A snapshot on the host tier counts (``on_host(m.hit_node)``; see :meth:`promote`)."""
         node, path, best = self.root, [], self.root
+        host = self.host
         with_partials: list[Node] = [self.root] if self.root.partials else []
         for key in block_hashes[: max_tokens // self.block_tokens]:
             child = node.children.get(key)
@@ -108,7 +120,7 @@ class PrefixIndex:
                 break
             node = child
             path.append(child)
-            if child.has_snapshot:
+            if child.has_snapshot or (host is not None and host.holds(child)):
                 best = child
             if child.partials:
                 with_partials.append(child)
@@ -133,6 +145,10 @@ class PrefixIndex:
                     best = hit
                     break
         return best
+
+    def on_host(self, node: Node) -> bool:
+        """Whether ``node``'s snapshot is on the host tier (not the device)."""
+        return self.host is not None and self.host.holds(node)
 
     # ----------------------------------------------------------------- locks and use
     def lock(self, node: Node) -> LockHandle:
@@ -210,6 +226,8 @@ class PrefixIndex:
         if not node.has_snapshot:
             if not self._make_room(self.snapshot_bytes):
                 return False
+            if self.host is not None:
+                self.host.discard(node.key, superseded=True)  # one tier at a time
             node.has_snapshot = True
             self.n_snapshots += 1
             self.snapshots_admitted += 1
@@ -254,6 +272,27 @@ class PrefixIndex:
         self._refresh(node)
         return node
 
+    def promote(self, m: Match, now: int) -> bool:
+        """Serve ``m``'s hit from the host tier if that is where its snapshot is: copy it back
+        to the device (made room for by the policy, like any admit). The caller has locked the
+        path. Returns whether the hit came from the host; if the device has no room (all of it
+        locked), the state is used from the host and stays there."""
+        host, node = self.host, m.hit_node
+        if host is None or not host.holds(node):
+            return False
+        if node.refs == 0:
+            raise ValueError(f"promote needs the hit path locked, got {node!r}")
+        priority = host.take(node)
+        if self._make_room(self.snapshot_bytes):
+            node.has_snapshot = True
+            self.n_snapshots += 1
+            self._take(self.snapshot_bytes)
+            node.snap_access = now
+            node.version += 1
+        else:
+            host.demote(node, priority)
+        return True
+
     def pop_evictions(self) -> Eviction:
         """Everything evicted since the last call, including evictions made inside
         :meth:`insert_block` and the admits (needs ``record_evictions=True``)."""
@@ -277,6 +316,8 @@ class PrefixIndex:
                 self._on_evicted(node, snapshot_only, self.n_snapshots + len(self._by_key))
             if snapshot_only:
                 self._drop_snapshot(node, out)
+                if self.host is not None:
+                    self.host.demote(node, priority)  # its KV stays: the state may too
             else:
                 self._evict_subtree(node, out)
         if self._log is not None:
@@ -370,6 +411,8 @@ class PrefixIndex:
                 self.evicted_snapshots += 1
                 out.snapshot_keys.append(node.key)
                 out.freed_bytes += self.snapshot_bytes
+            elif self.host is not None:
+                self.host.discard(node.key)  # a state without its KV is useless
             node.alive = False
             del self._by_key[node.key]
             self.used_bytes -= node.kv_bytes
@@ -384,3 +427,5 @@ class PrefixIndex:
         from vllm_hybrid.core.integrity import check_index
 
         check_index(self)
+        if self.host is not None:
+            self.host.check(self._by_key, self.block_tokens)

@@ -32,6 +32,15 @@ class _ZeroByDefault:
     def state_bytes(self) -> int:
         return 0
 
+    @property
+    def state_bytes_int8(self) -> int:
+        return 0
+
+
+#: Bytes of one fp32 scale of an int8 snapshot (csrc/cpu/snapshot_int8.cpp: one per index of
+#: dim 1 of a state, i.e. per head of a Mamba2 SSM state, per channel of a Mamba1 one).
+INT8_SCALE_BYTES = 4
+
 
 @dataclass(frozen=True)
 class AttentionLayers(_ZeroByDefault):
@@ -96,6 +105,15 @@ class Mamba2Layers(_ZeroByDefault):
         conv = (self.conv_kernel - 1) * self.conv_dim
         return self.count * (ssm + conv) * self.state_dtype_bytes
 
+    @property
+    def state_bytes_int8(self) -> int:
+        """Int8 SSM state (1 byte per value + one fp32 scale per head); the conv state stays in
+        its dtype: with one scale per channel of only ``conv_kernel - 1`` values it would not
+        shrink."""
+        ssm = self.d_inner * self.d_state + self.n_heads * INT8_SCALE_BYTES
+        conv = (self.conv_kernel - 1) * self.conv_dim * self.state_dtype_bytes
+        return self.count * (ssm + conv)
+
 
 @dataclass(frozen=True)
 class Mamba1Layers(_ZeroByDefault):
@@ -125,6 +143,13 @@ class Mamba1Layers(_ZeroByDefault):
         ssm = self.d_inner * self.d_state
         conv = (self.conv_kernel - 1) * self.d_inner
         return self.count * (ssm + conv) * self.state_dtype_bytes
+
+    @property
+    def state_bytes_int8(self) -> int:
+        """Int8 SSM state with one fp32 scale per channel; the conv state in its dtype."""
+        ssm = self.d_inner * self.d_state + self.d_inner * INT8_SCALE_BYTES
+        conv = (self.conv_kernel - 1) * self.d_inner * self.state_dtype_bytes
+        return self.count * (ssm + conv)
 
 
 @dataclass(frozen=True)

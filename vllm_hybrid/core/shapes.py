@@ -45,6 +45,11 @@ class ModelShape:
         return sum(g.state_bytes for g in self.layers)
 
     @cached_property
+    def snapshot_bytes_int8(self) -> int:
+        """Bytes of one snapshot with int8 SSM states (``CostModel(int8_snapshots=True)``)."""
+        return sum(g.state_bytes_int8 for g in self.layers)
+
+    @cached_property
     def linear_flops_per_token(self) -> int:
         return sum(g.linear_flops_per_token for g in self.layers)
 

@@ -42,6 +42,23 @@ def add_simulate_parser(subparsers: Any) -> argparse.ArgumentParser:
         help=f"comma-separated, from: {', '.join(POLICIES)}",
     )
     p.add_argument("--block-tokens", type=int, default=64)
+    p.add_argument(
+        "--host-gb",
+        type=float,
+        default=0.0,
+        help="host-memory snapshot tier in GB (0: none); snapshots evicted alone go there",
+    )
+    p.add_argument(
+        "--host-gbps",
+        type=float,
+        default=25.0,
+        help="host <-> device bandwidth in GB/s, for the transfer time of host hits",
+    )
+    p.add_argument(
+        "--int8-snapshots",
+        action="store_true",
+        help="snapshots stored as int8 SSM states + per-head scales (about half the bytes)",
+    )
     p.add_argument("--limit", type=int, default=None, help="only the first N requests")
     p.add_argument("--seed", type=int, default=0, help="seed for gen: workloads")
     p.add_argument("--json", dest="json_out", default=None, help="write results as JSON")
@@ -97,7 +114,13 @@ def run_simulate(args: argparse.Namespace) -> int:
         budgets = _parse_budgets(args.budget_gb)
         if args.block_tokens <= 0:
             raise ValueError("--block-tokens must be positive")
-        cost = CostModel(load_shape(args.model), args.block_tokens)
+        if args.host_gb < 0:
+            raise ValueError(f"--host-gb must be >= 0, got {args.host_gb:g}")
+        if not args.host_gbps > 0:
+            raise ValueError(f"--host-gbps must be > 0, got {args.host_gbps:g}")
+        cost = CostModel(
+            load_shape(args.model), args.block_tokens, int8_snapshots=args.int8_snapshots
+        )
         requests = _load_requests(args.trace, args.limit, args.seed)
     except (UnknownPolicyError, ShapeError, TraceError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -107,7 +130,16 @@ def run_simulate(args: argparse.Namespace) -> int:
         return 2
     started = time.perf_counter()
     show = _progress(not args.no_progress and sys.stderr.isatty())
-    res = run_all(requests, cost, budgets, policies, workload=args.trace, progress=show)
+    res = run_all(
+        requests,
+        cost,
+        budgets,
+        policies,
+        workload=args.trace,
+        progress=show,
+        host_bytes=int(args.host_gb * 1e9),
+        host_bandwidth=args.host_gbps * 1e9,
+    )
     print(format_text(res))
     print(f"({len(requests)} requests, {time.perf_counter() - started:.1f}s)")
     if args.json_out:

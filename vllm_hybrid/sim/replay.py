@@ -5,6 +5,11 @@ Each request: match its prompt (a hit must leave the last prompt token to comput
 the blocks it leaves behind (prompt, plus output where a later turn extends it) with snapshots
 where chosen, unlock. Requests are served one at a time (no overlap in time); the budget is
 checked after every request and the index raises if any step would exceed it.
+
+With a host tier (``host_bytes > 0``), snapshots the policy evicts alone are demoted to host
+memory; a request whose hit ends on a host snapshot counts as a hit (its prefix is skipped, the
+FLOPs are saved) and pays ``snapshot_bytes / host_bandwidth`` seconds of transfer
+(``promote_seconds``), the price of the tier.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 from vllm_hybrid.core.cost import CostModel
+from vllm_hybrid.core.host_tier import HostTier
 from vllm_hybrid.core.index import PrefixIndex
 from vllm_hybrid.core.node import LockHandle, Match
 from vllm_hybrid.core.policies import BeladyOracle
@@ -41,6 +47,16 @@ class RunStats:
     evicted_snapshots: int = 0
     peak_bytes: int = 0
     seconds: float = 0.0
+    # host tier (all 0 without one)
+    host_budget_bytes: int = 0
+    host_hits: int = 0
+    host_hit_tokens: int = 0
+    host_flops_saved: float = 0.0
+    demoted: int = 0
+    host_dropped: int = 0
+    host_invalidated: int = 0
+    host_peak_bytes: int = 0
+    promote_seconds: float = 0.0
 
     @property
     def token_hit_rate(self) -> float:
@@ -104,13 +120,18 @@ def _serve(
     stats.hit_tokens += m.hit_tokens
     stats.state_hits += m.hit_tokens > 0
     stats.flops_total += cost.span_flops(0, req.prompt_tokens)
-    stats.flops_saved += cost.span_flops(0, m.hit_tokens)
+    saved = cost.span_flops(0, m.hit_tokens)
+    stats.flops_saved += saved
     if oracle is not None:
         target = m.hit_node.key if m.hit_tokens else None
         oracle.record(t, [n.key for n in m.kv_nodes], target)
     tip = m.kv_nodes[-1] if m.kv_nodes else index.root
     h = index.lock(tip)
     index.touch(m, t)
+    if index.promote(m, t):
+        stats.host_hits += 1
+        stats.host_hit_tokens += m.hit_tokens
+        stats.host_flops_saved += saved
     ctx = AdmitContext(
         t,
         req.prompt_tokens,
@@ -139,22 +160,31 @@ def replay(
     oracle: BeladyOracle | None = None,
     check_every: int = 0,
     progress: ProgressFn | None = None,
+    host_bytes: int = 0,
+    host_bandwidth: float = 25e9,
 ) -> RunStats:
     """Replay ``requests``; ``oracle`` (if given) records future uses for a Belady run;
-    ``check_every`` > 0 runs ``check_integrity()`` every that many requests (slow)."""
+    ``check_every`` > 0 runs ``check_integrity()`` every that many requests (slow);
+    ``host_bytes`` > 0 adds a host tier of that size, ``host_bandwidth`` bytes/s each way."""
+    host = HostTier(host_bytes, host_bandwidth) if host_bytes > 0 else None
     index = PrefixIndex(
         block_tokens=cost.block_tokens,
         kv_bytes_per_token=cost.kv_bytes_per_token,
         snapshot_bytes=cost.snapshot_bytes,
         budget_bytes=budget_bytes,
-        policy=policy,
-    )  # type: ignore[arg-type]
-    stats = RunStats(name or getattr(policy, "name", "?"), budget_bytes)
+        policy=policy,  # type: ignore[arg-type]
+        host=host,
+    )
+    stats = RunStats(
+        name or getattr(policy, "name", "?"), budget_bytes, host_budget_bytes=host_bytes
+    )
     started = time.perf_counter()
     for t, kr in enumerate(requests):
         _serve(index, policy, cost, kr, t, stats, oracle)
         if index.peak_bytes > budget_bytes:
             raise BudgetViolation(f"{stats.policy}: peak {index.peak_bytes} > {budget_bytes}")
+        if host is not None and host.peak_bytes > host_bytes:
+            raise BudgetViolation(f"{stats.policy}: host peak {host.peak_bytes} > {host_bytes}")
         if check_every and t % check_every == 0:
             index.check_integrity()
         if progress is not None:
@@ -165,4 +195,10 @@ def replay(
     stats.evicted_kv_blocks = index.evicted_kv_blocks
     stats.evicted_snapshots = index.evicted_snapshots
     stats.peak_bytes = index.peak_bytes
+    if host is not None:
+        stats.demoted = host.demoted
+        stats.host_dropped = host.dropped
+        stats.host_invalidated = host.invalidated
+        stats.host_peak_bytes = host.peak_bytes
+        stats.promote_seconds = host.promote_seconds
     return stats

@@ -25,8 +25,8 @@ def headroom_closed(row: dict[str, RunStats], ours: str = "flop") -> float | Non
     return (row[ours].flops_saved_rate - best) / room
 
 
-def _row_cells(name: str, s: RunStats) -> list[str]:
-    return [
+def _row_cells(name: str, s: RunStats, host: bool = False) -> list[str]:
+    cells = [
         name,
         f"{100 * s.token_hit_rate:.1f}%",
         f"{100 * s.flops_saved_rate:.1f}%",
@@ -37,6 +37,9 @@ def _row_cells(name: str, s: RunStats) -> list[str]:
         if s.budget_bytes < 1 << 61
         else f"{s.peak_bytes / GB:.0f}/inf",
     ]
+    if host:
+        cells.append(f"{s.host_hits}/{s.demoted} ({s.promote_seconds:.1f} s)")
+    return cells
 
 
 HEADER = [
@@ -48,16 +51,29 @@ HEADER = [
     "evicted kv/snap",
     "peak/budget GB",
 ]
+HOST_HEADER = "host hits/demoted (transfer)"
+
+
+def _has_host(res: Results) -> bool:
+    return any(s.host_budget_bytes for row in res.rows.values() for s in row.values())
+
+
+def _header(res: Results) -> list[str]:
+    return [*HEADER, HOST_HEADER] if _has_host(res) else HEADER
 
 
 def _table_rows(res: Results) -> list[tuple[str, list[list[str]], str]]:
     out = []
+    host = _has_host(res)
     for budget, row in res.rows.items():
-        cells = [_row_cells(n, s) for n, s in row.items()]
-        cells.append(_row_cells("infinite", res.infinite))
+        cells = [_row_cells(n, s, host) for n, s in row.items()]
+        cells.append(_row_cells("infinite", res.infinite, host))
         closed = headroom_closed(row)
         best = max((row[b].flops_saved_rate for b in BASELINES if b in row), default=0.0)
         note = f"budget {budget / GB:g} GB"
+        host_gb = max((s.host_budget_bytes for s in row.values()), default=0) / GB
+        if host_gb:
+            note += f" + host tier {host_gb:g} GB (references without)"
         if "flop" in row and best > 0:
             note += f"; flop / best baseline = {row['flop'].flops_saved_rate / best:.2f}x"
         if closed is not None:
@@ -70,10 +86,11 @@ def _table_rows(res: Results) -> list[tuple[str, list[list[str]], str]]:
 
 def format_text(res: Results) -> str:
     lines = [f"== {res.workload} | {res.shape} | {res.block_tokens}-token blocks =="]
+    header = _header(res)
     for note, cells, _ in _table_rows(res):
-        widths = [max(len(r[i]) for r in [HEADER, *cells]) for i in range(len(HEADER))]
+        widths = [max(len(r[i]) for r in [header, *cells]) for i in range(len(header))]
         lines.append(note)
-        for r in [HEADER, *cells]:
+        for r in [header, *cells]:
             lines.append(
                 "  ".join(
                     c.rjust(w) if i else c.ljust(w)
@@ -86,8 +103,9 @@ def format_text(res: Results) -> str:
 
 def format_markdown(res: Results) -> str:
     lines = [f"#### {res.workload}, {res.shape}, {res.block_tokens}-token blocks", ""]
+    header = _header(res)
     for note, cells, _ in _table_rows(res):
-        lines += [f"*{note}*", "", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+        lines += [f"*{note}*", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(r) + " |" for r in cells]
         lines.append("")
     return "\n".join(lines)

@@ -2,7 +2,8 @@
 
 The infinite-cache run comes first: it gives the bound and records, for the clairvoyant Belady
 reference, which request uses which block and which snapshot. ``marconi`` has its alpha tuned by
-replaying the first window of the workload at the same budget (as the paper does).
+replaying the first window of the workload at the same budget (as the paper does). A host tier
+(``host_bytes`` > 0) is given to every online policy; the two references run without one.
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ def run_all(
     *,
     workload: str = "",
     progress: Callable[[str], ProgressFn | None] = lambda _: None,
+    host_bytes: int = 0,
+    host_bandwidth: float = 25e9,
 ) -> Results:
     """Infinite bound, then every policy and Belady at every budget."""
     keyed = [KeyedRequest(r, cost.block_tokens) for r in requests]
@@ -98,7 +101,15 @@ def run_all(
             res.marconi_alpha[budget] = alpha
         for name in policies:
             pol = _make(name, cost, alpha, window)
-            row[name] = replay(keyed, cost, pol, budget, progress=progress(name))
+            row[name] = replay(
+                keyed,
+                cost,
+                pol,
+                budget,
+                progress=progress(name),
+                host_bytes=host_bytes,
+                host_bandwidth=host_bandwidth,
+            )
         row["belady"] = replay(
             keyed, cost, BeladyPolicy(cost, oracle), budget, progress=progress("belady")
         )
