@@ -63,6 +63,17 @@ METRICS: tuple[MetricSpec, ...] = (
     _g("snapshot_pages", "State snapshot pages held in the prefix cache now."),
     _g("kv_bytes", "Device bytes of the KV pages held in the prefix cache now."),
     _g("snapshot_bytes", "Device bytes of the state snapshot pages held now."),
+    # Pins and breakpoints (core/pins.py, adapters/vllm/cache_control.py; docs/serving.md).
+    _g("pins", "Prefixes pinned now (prewarm / cache_pin_ttl_s)."),
+    _g("pinned_pages", "Pool pages (KV and state) held by pins now."),
+    _g("pin_limit_pages", "Most pages pins may hold at once (max_pinned_fraction of the pool)."),
+    _g("pin_ttl_left_seconds_max", "Seconds until the last pin expires (0: no pin)."),
+    _g("pin_ttl_left_seconds_min", "Seconds until the next pin expires (0: no pin)."),
+    _c("pins_taken", "Pins taken."),
+    _c("pins_extended", "Pins whose TTL a repeated pin of the same prefix extended."),
+    _c("pins_refused", "Pins refused (over the limit, TTL too long, nothing cached)."),
+    _c("pins_expired", "Pins released at the end of their TTL."),
+    _c("breakpoint_stops", "Prefill chunks ended at a request's cache breakpoint."),
 )
 COUNTERS: frozenset[str] = frozenset(m.key for m in METRICS if m.kind == "counter")
 

@@ -25,6 +25,11 @@ key                 environment            default                  meaning
                                                                     or ``auto`` (by model type)
 ``debug``           VLLM_HYBRID_DEBUG      ``false``                integrity checks after
                                                                     every scheduler step
+``max_pinned_       VLLM_HYBRID_MAX_       ``0.25``                 share of the pool's pages
+fraction``          PINNED_FRACTION                                 that pins (prewarm) may
+                                                                    hold at once, in [0, 1]
+``max_pin_ttl_s``   VLLM_HYBRID_MAX_PIN_   ``3600``                 longest pin TTL accepted,
+                    TTL_S                                           in seconds
 ==================  =====================  =======================  =========================
 """
 
@@ -42,6 +47,8 @@ ENV = {
     "snapshot_every": "VLLM_HYBRID_SNAPSHOT_EVERY",
     "shape": "VLLM_HYBRID_SHAPE",
     "debug": "VLLM_HYBRID_DEBUG",
+    "max_pinned_fraction": "VLLM_HYBRID_MAX_PINNED_FRACTION",
+    "max_pin_ttl_s": "VLLM_HYBRID_MAX_PIN_TTL_S",
 }
 SNAPSHOT_MODES = ("auto", "engine", "dense")
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
@@ -59,6 +66,8 @@ class HybridCacheConfig:
     snapshot_every: str | int = "engine"
     shape: str = "auto"
     debug: bool = False
+    max_pinned_fraction: float = 0.25
+    max_pin_ttl_s: float = 3600.0
 
     @property
     def enabled(self) -> bool:
@@ -86,6 +95,15 @@ class HybridCacheConfig:
             snapshot_every=_snapshot_every(raw.get("snapshot_every", cls.snapshot_every)),
             shape=_nonempty("shape", raw.get("shape", cls.shape)),
             debug=_flag("debug", raw.get("debug", cls.debug)),
+            max_pinned_fraction=_number(
+                "max_pinned_fraction",
+                raw.get("max_pinned_fraction", cls.max_pinned_fraction),
+                low=0.0,
+                high=1.0,
+            ),
+            max_pin_ttl_s=_number(
+                "max_pin_ttl_s", raw.get("max_pin_ttl_s", cls.max_pin_ttl_s), low=0.0
+            ),
         )
 
 
@@ -114,6 +132,17 @@ def _nonempty(key: str, value: Any) -> str:
     if not text:
         raise ConfigError(f"vllm_hybrid: {key} must not be empty")
     return text
+
+
+def _number(key: str, value: Any, low: float, high: float | None = None) -> float:
+    try:
+        number = float(value) if not isinstance(value, bool) else float("nan")
+    except (TypeError, ValueError):
+        number = float("nan")
+    if not low <= number <= (high if high is not None else float("inf")):
+        bounds = f"in [{low:g}, {high:g}]" if high is not None else f"at least {low:g}"
+        raise ConfigError(f"vllm_hybrid: {key} {value!r} must be a number {bounds}")
+    return number
 
 
 def _flag(key: str, value: Any) -> bool:
