@@ -24,6 +24,11 @@ Activation (:func:`activate`):
   hash-block positions, by vLLM's prefill checkpoint;
 * learning: every request, when first scheduled, is fed to the policy (``core/feed.py``).
 
+Independently of the policy (whenever prefix caching is on), per-request cache control:
+explicit breakpoints, pins with a TTL and cache reports (``cache_control.py``, hooked in
+``_get_local_prefix_cache_hit``, ``schedule``, ``_free_request``, ``reset_prefix_cache`` and
+``make_stats``; see docs/serving.md).
+
 Settings: ``additional_config={"vllm_hybrid": {...}}`` or environment, see ``config.py``.
 """
 
@@ -36,8 +41,9 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from vllm_hybrid.adapters.vllm.block_pool import HybridBlockPool, install
+from vllm_hybrid.adapters.vllm.cache_control import RESULT_KEY, CacheControl
 from vllm_hybrid.adapters.vllm.config import engine_cost_model, load_config
-from vllm_hybrid.adapters.vllm.metrics import attach_hybrid_stats, block_bytes
+from vllm_hybrid.adapters.vllm.metrics import FIELD, attach_hybrid_stats, block_bytes
 from vllm_hybrid.adapters.vllm.plugin import share_vllm_logging
 from vllm_hybrid.adapters.vllm.version import check_vllm_version
 from vllm_hybrid.core.config import periodic_interval
@@ -122,21 +128,46 @@ def activate(scheduler: Any) -> HybridBlockPool | None:
     return hybrid
 
 
+def cache_control(scheduler: Any) -> CacheControl | None:
+    """Breakpoints, pins and reports for ``scheduler`` when prefix caching is on (any model:
+    breakpoints only change anything where recurrent states are cached), else None."""
+    if not scheduler.cache_config.enable_prefix_caching:
+        return None
+    if not check_vllm_version("cache breakpoints and pins"):
+        return None
+    return CacheControl(scheduler, load_config(scheduler.vllm_config))
+
+
 class _HybridMixin:
     """Shared by both schedulers (put first in the bases, so ``super()`` reaches vLLM's class):
-    activation, feeding started requests to the policy, stats, and the debug checks."""
+    activation, feeding started requests to the policy, per-request cache control, stats, and
+    the debug checks."""
 
     hybrid_pool: HybridBlockPool | None
+    hy_control: CacheControl | None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.hybrid_pool = activate(self)
+        self.hy_control = cache_control(self)
         self.hybrid_checks = 0
 
+    def _get_local_prefix_cache_hit(self, request: Any) -> Any:
+        """vLLM's lookup (``Scheduler._get_local_prefix_cache_hit``); the request's breakpoints
+        become its ``shared_prefix_boundary`` (see ``cache_control.py``)."""
+        blocks, hit, junction, diverged = super()._get_local_prefix_cache_hit(request)  # type: ignore[misc]
+        if self.hy_control is not None:
+            junction = self.hy_control.on_lookup(request, hit, junction)
+        return blocks, hit, junction, diverged
+
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        if self.hy_control is not None:
+            self.hy_control.expire()
         out = super().schedule(*args, **kwargs)  # type: ignore[misc]
         if self.hybrid_pool is not None:
             self._hy_feed_started(out)
+        if self.hy_control is not None:
+            self.hy_control.after_schedule(out)
         self._hy_after_step()
         return out
 
@@ -148,17 +179,23 @@ class _HybridMixin:
         pool = self.hybrid_pool
         assert pool is not None
         mirror = pool._hy_mirror
+        control = self.hy_control
         for new in out.scheduled_new_reqs:
             request = self.requests.get(new.req_id)  # type: ignore[attr-defined]
             if request is None:
                 continue
             hit = new.num_computed_tokens
+            junction = (
+                control.vllm_junction(request)
+                if control is not None
+                else request.shared_prefix_boundary
+            )
             index = pool.hy_origin[new.req_id] = mirror.tick()
             pool.hy_feed.started(
                 index,
                 request.num_prompt_tokens,
                 hit,
-                max(hit, request.shared_prefix_boundary),
+                max(hit, junction),
                 request.block_hashes,
                 mirror.node_of,
             )
@@ -166,7 +203,19 @@ class _HybridMixin:
     def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
         if self.hybrid_pool is not None:
             self.hybrid_pool.hy_origin.pop(request.request_id, None)
-        return super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
+        kv_params, ec_params = super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
+        if self.hy_control is not None:
+            result = self.hy_control.on_finished(request)
+            if result is not None:
+                # Rides to the client in EngineCoreOutput.kv_transfer_params (vLLM returns it
+                # in the OpenAI response and RequestOutput); no connector reads our key.
+                kv_params = {**(kv_params or {}), RESULT_KEY: result}
+        return kv_params, ec_params
+
+    def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> Any:
+        if self.hy_control is not None:
+            self.hy_control.release_all()  # pinned blocks would make the reset fail
+        return super().reset_prefix_cache(*args, **kwargs)  # type: ignore[misc]
 
     def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
         out = super().update_from_output(*args, **kwargs)  # type: ignore[misc]
@@ -177,11 +226,17 @@ class _HybridMixin:
         stats = super().make_stats(*args, **kwargs)  # type: ignore[misc]
         if stats is not None and self.hybrid_pool is not None:
             attach_hybrid_stats(self.hybrid_pool, stats)
+        if stats is not None and self.hy_control is not None:
+            setattr(
+                stats, FIELD, {**(getattr(stats, FIELD, None) or {}), **self.hy_control.totals()}
+            )
         return stats
 
     def _hy_after_step(self) -> None:
         if self.hybrid_pool is not None and self.hybrid_pool.hy_debug:
             self.hybrid_pool.hy_check_integrity()
+            if self.hy_control is not None:
+                self.hy_control.ledger.check_integrity()
             self.hybrid_checks += 1
 
 

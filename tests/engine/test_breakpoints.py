@@ -1,0 +1,236 @@
+"""Explicit cache breakpoints, prewarm with pins, cache reports: a real `vllm-hybrid serve`.
+
+One server per module (tiny Zamba2, 128-token blocks, 2,048 pool blocks, pins bounded to 1%
+of the pool = 20 pages, integrity checks after every scheduler step). Oracles:
+
+* a ``cache_control`` mark on the system message puts a breakpoint at exactly the rendered
+  system message's token count (vLLM's own ``/tokenize``), and a second conversation with the
+  same system prompt hits at that position floored to the 128-token block;
+* without the mark the same second conversation hits nothing (vLLM keeps no state there);
+* after a prewarm, the very first real request hits exactly the pinned prefix;
+* greedy outputs with breakpoints equal outputs computed from scratch (the same request under a
+  fresh ``cache_salt`` shares no cached block);
+* bad requests get HTTP 400 with a message, and the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+import uuid
+
+import httpx
+import openai
+import pytest
+
+from vllm_hybrid.demo import free_port, start_server, stop_server, wait_ready
+from vllm_hybrid.testing.fixtures import tiny_model_dir
+
+pytestmark = pytest.mark.engine
+
+BLOCK = 128
+PIN_FRACTION = 0.01  # of 2,048 blocks: 20 pages
+WORDS = (
+    "hammer saw drill screw nail bolt anchor paint brush roller tape hose seed soil pot pipe "
+    "valve fitting ladder glue sandpaper chisel wrench pliers level clamp"
+).split()
+
+
+def text(seed: int, words: int) -> str:
+    """Deterministic filler (a distinct text per seed)."""
+    return " ".join(WORDS[(seed * 7 + i * (seed % 5 + 1)) % len(WORDS)] for i in range(words))
+
+
+@pytest.fixture(scope="module")
+def server(model_root, tmp_path_factory):
+    port, log = free_port(), tmp_path_factory.mktemp("server") / "server.log"
+    settings = {"vllm_hybrid": {"max_pinned_fraction": PIN_FRACTION, "debug": True}}
+    proc = start_server(
+        tiny_model_dir("zamba2", model_root),
+        port,
+        log,
+        "--additional-config",
+        json.dumps(settings),
+    )
+    try:
+        wait_ready(proc, port, log)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop_server(proc)
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=f"{server}/v1", api_key="none")
+
+
+def chat(client, messages, **extra):
+    reply = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=8, temperature=0.0, extra_body=extra or None
+    )
+    hybrid = (reply.model_extra.get("kv_transfer_params") or {}).get("vllm_hybrid") or {}
+    return reply.usage.prompt_tokens_details.cached_tokens, reply.choices[0].message.content, hybrid
+
+
+def count_tokens(server, messages) -> int:
+    answer = httpx.post(
+        f"{server}/tokenize",
+        json={"messages": messages, "add_generation_prompt": False},
+        timeout=30,
+    )
+    answer.raise_for_status()
+    return answer.json()["count"]
+
+
+def system(seed: int, marked: bool, block_form: bool = False) -> dict:
+    content = text(seed, 200)  # ~630 tokens: the breakpoint's state is at 512
+    mark = {"type": "ephemeral"}
+    if block_form:  # Anthropic style: the mark on a content block
+        return {
+            "role": "system",
+            "content": [{"type": "text", "text": content, "cache_control": mark}],
+        }
+    return {"role": "system", "content": content, **({"cache_control": mark} if marked else {})}
+
+
+def user(seed: int) -> dict:
+    return {"role": "user", "content": text(seed + 100, 100)}  # ~315 tokens: past the next block
+
+
+@pytest.mark.parametrize("block_form", [False, True], ids=["message", "content-block"])
+def test_breakpoint_on_system_prompt_hits_exactly_there(client, server, block_form):
+    seed = 11 + block_form
+    sys_msg = system(seed, marked=True, block_form=block_form)
+    expected = count_tokens(server, [{"role": "system", "content": text(seed, 200)}])
+    cached, _, hybrid = chat(client, [sys_msg, user(1)], vllm_xargs={"cache_report": 1})
+    report = hybrid["cache_report"]
+    assert cached == 0
+    assert report["breakpoints"] == [expected]
+    assert report["breakpoint_hit_positions"] == [expected // BLOCK * BLOCK]
+    # A second conversation, same system prompt (unmarked), another user turn.
+    cached, _, hybrid = chat(client, [system(seed, False), user(2)], vllm_xargs={"cache_report": 1})
+    assert expected % BLOCK and expected > BLOCK
+    assert cached == expected // BLOCK * BLOCK
+    assert hybrid["cache_report"]["hit_tokens"] == cached
+    assert hybrid["cache_report"]["ended_on_snapshot"] is True
+
+
+def test_without_breakpoint_the_second_conversation_misses(client):
+    cached, _, _ = chat(client, [system(21, False), user(1)])
+    cached_again, _, hybrid = chat(
+        client, [system(21, False), user(2)], vllm_xargs={"cache_report": 1}
+    )
+    assert (cached, cached_again) == (0, 0)
+    report = hybrid["cache_report"]
+    assert report["reason"] == "no_snapshot" and report["cached_kv_tokens"] > 0
+
+
+def test_outputs_with_breakpoints_equal_uncached(client, server):
+    """Each reply under a fresh cache_salt is computed from scratch (no shared block)."""
+    seed, replies = 31, []
+    expected = count_tokens(server, [system(seed, False)]) // BLOCK * BLOCK
+    for turn in range(2):
+        sys_msg = system(seed, marked=turn == 0)
+        cached, reply, _ = chat(client, [sys_msg, user(turn)])
+        _, fresh, _ = chat(client, [system(seed, False), user(turn)], cache_salt=uuid.uuid4().hex)
+        replies.append((cached, reply, fresh))
+    assert [c for c, _, _ in replies] == [0, expected]
+    assert all(reply == fresh for _, reply, fresh in replies)
+
+
+def test_prewarm_then_first_request_hits(client, server):
+    messages = [system(41, False)]
+    answer = httpx.post(
+        f"{server}/v1/hybrid/prewarm", json={"messages": messages, "ttl_s": 60}, timeout=120
+    )
+    assert answer.status_code == 200, answer.text
+    pin = answer.json()
+    assert pin["pinned_tokens"] == (count_tokens(server, messages) - 1) // BLOCK * BLOCK
+    assert pin["pinned_pages"] == pin["pinned_tokens"] // BLOCK + 3  # KV + 3 Mamba groups
+    cached, _, _ = chat(client, [*messages, user(5)])
+    assert cached == pin["pinned_tokens"] > 0
+    again = httpx.post(
+        f"{server}/v1/hybrid/prewarm", json={"messages": messages, "ttl_s": 90}, timeout=120
+    ).json()
+    assert again["extended"] is True and again["pool_pinned_pages"] == pin["pool_pinned_pages"]
+    metrics = scrape(server)
+    assert metrics["vllm_hybrid:pins"] >= 1
+    assert metrics["vllm_hybrid:pinned_pages"] >= pin["pinned_pages"]
+    assert metrics["vllm_hybrid:pin_limit_pages"] == int(2048 * PIN_FRACTION)
+    assert 0 < metrics["vllm_hybrid:pin_ttl_left_seconds_max"] <= 90
+
+
+def test_pin_expires_after_its_ttl(client, server):
+    answer = httpx.post(
+        f"{server}/v1/hybrid/prewarm", json={"prompt": text(51, 200), "ttl_s": 1}, timeout=120
+    )
+    assert answer.status_code == 200, answer.text
+    expired = scrape(server).get("vllm_hybrid:pins_expired_total", 0.0)
+    time.sleep(1.5)
+    chat(client, [user(6)])  # pins expire at the next scheduler step
+    assert scrape(server)["vllm_hybrid:pins_expired_total"] >= expired + 1
+
+
+def test_pin_over_the_limit_is_a_400_and_the_server_keeps_serving(client, server):
+    # ~2,400 tokens: 18 KV pages + 3 state pages > the 20-page limit.
+    answer = httpx.post(
+        f"{server}/v1/hybrid/prewarm", json={"prompt": text(61, 760), "ttl_s": 30}, timeout=300
+    )
+    assert answer.status_code == 400
+    message = answer.json()["error"]["message"]
+    assert "refused" in message and "max_pinned_fraction" in message
+    assert chat(client, [user(7)])[1]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "message"),
+    [
+        ("chat", {"vllm_xargs": {"cache_breakpoints": "end"}}, "not a token position"),
+        ("chat", {"vllm_xargs": {"cache_breakpoints": [0]}}, "must be at least 1"),
+        ("chat", {"vllm_xargs": {"cache_breakpiont": 5}}, "unknown cache option"),
+        ("chat", {"vllm_xargs": {"cache_pin_ttl_s": 10**6}}, "max_pin_ttl_s"),
+        ("chat", {"mark": {"type": "persistent"}}, "type 'persistent' is not supported"),
+        ("chat", {"mark": "yes"}, "cache_control must be an object"),
+        ("completions", {"vllm_xargs": {"cache_report": "maybe"}}, "must be true or false"),
+        ("prewarm", {"ttl_s": 10}, "exactly one of"),
+        ("prewarm", {"prompt": "x", "ttl_s": -1}, "positive number"),
+        ("prewarm", {"prompt": "x", "ttl_s": 10**6}, "max_pin_ttl_s"),
+        ("prewarm", {"prompt": "x", "ttl": 5}, "unknown field"),
+        ("prewarm", "not json", "JSON object"),
+    ],
+)
+def test_bad_requests_are_400_with_a_message(server, path, body, message):
+    url = {
+        "chat": f"{server}/v1/chat/completions",
+        "completions": f"{server}/v1/completions",
+        "prewarm": f"{server}/v1/hybrid/prewarm",
+    }[path]
+    if path == "chat":
+        mark = body.pop("mark", None)
+        sys_msg = {"role": "system", "content": "be brief"}
+        if mark is not None:
+            sys_msg["cache_control"] = mark
+        body = {"model": "tiny", "max_tokens": 2, "messages": [sys_msg, user(8)], **body}
+    elif path == "completions":
+        body = {"model": "tiny", "max_tokens": 2, "prompt": "hello", **body}
+    payload = {"content": body} if isinstance(body, str) else {"json": body}
+    answer = httpx.post(url, timeout=60, **payload)
+    assert answer.status_code == 400, answer.text
+    assert message in answer.json()["error"]["message"]
+
+
+def test_server_keeps_serving_after_bad_requests(client):
+    cached, reply, _ = chat(client, [user(9)])
+    assert reply
+
+
+def scrape(server) -> dict[str, float]:
+    with urllib.request.urlopen(f"{server}/metrics", timeout=10) as response:
+        lines = response.read().decode().splitlines()
+    out: dict[str, float] = {}
+    for line in lines:
+        if line.startswith("vllm_hybrid:") and "{" in line:
+            name = line.split("{", 1)[0]
+            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[-1])
+    return out

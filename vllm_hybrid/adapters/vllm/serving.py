@@ -1,0 +1,319 @@
+"""Cache breakpoints and prewarming on vLLM's OpenAI-compatible server (vLLM 0.32.0).
+
+A pure ASGI middleware, loaded by vLLM's ``--middleware`` option
+(``vllm/entrypoints/serve/middleware/register.py``: a class is added with
+``app.add_middleware``); ``vllm-hybrid serve`` adds it by itself::
+
+    python -m vllm.entrypoints.openai.api_server --model M --enable-prefix-caching \\
+        --middleware vllm_hybrid.adapters.vllm.serving.HybridServingMiddleware
+
+What it does, per request (everything else passes through untouched):
+
+* ``POST /v1/chat/completions``: ``"cache_control": {"type": "ephemeral"}`` marks on messages or
+  content blocks become token positions: the messages up to the mark are rendered and
+  tokenized by vLLM's own ``POST /tokenize`` (same chat template and tokenizer as the request),
+  the position is the length of that prefix's common prefix with the whole request's tokens;
+  the marks are removed and the positions added to ``vllm_xargs.cache_breakpoints``, which
+  vLLM hands to the engine as ``SamplingParams.extra_args`` (``ChatCompletionRequest.
+  to_sampling_params``). Cache options in ``vllm_xargs`` are validated.
+* ``POST /v1/completions``: cache options in ``vllm_xargs`` are validated.
+* ``POST /v1/hybrid/prewarm``: computes a prefix (a completion of one token with
+  ``cache_pin_ttl_s``) and answers with the pin the engine took, or HTTP 400 with the engine's
+  reason when the pin does not fit.
+
+Bad cache options get HTTP 400 in vLLM's error shape (``{"error": {"message", "type",
+"param", "code"}}``). Parsing and validation are in ``core/breakpoints.py`` and
+``core/pins.py``; the engine side is ``cache_control.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from vllm_hybrid.core.breakpoints import (
+    PIN_TTL,
+    CacheOptionError,
+    CacheOptions,
+    chat_markers,
+    common_prefix_tokens,
+    merge_breakpoints,
+    prefix_messages,
+    strip_cache_control,
+)
+from vllm_hybrid.core.config import ConfigError, HybridCacheConfig
+from vllm_hybrid.core.pins import PrewarmRequest
+
+logger = logging.getLogger("vllm_hybrid")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+CHAT, COMPLETIONS, PREWARM, TOKENIZE = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/hybrid/prewarm",
+    "/tokenize",
+)
+#: Chat request fields that change how messages render (passed to ``/tokenize`` as they are).
+RENDER_KEYS = ("tools", "chat_template", "chat_template_kwargs", "add_special_tokens")
+MIDDLEWARE = f"{__name__}.HybridServingMiddleware"
+
+
+class HybridServingMiddleware:
+    """See the module docstring."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self._config: HybridCacheConfig | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path")
+        if scope.get("type") != "http" or scope.get("method") != "POST":
+            return await self.app(scope, receive, send)
+        if path not in (CHAT, COMPLETIONS, PREWARM):
+            return await self.app(scope, receive, send)
+        raw = await _read_body(receive)
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        try:
+            if path == PREWARM:
+                return await self._prewarm(scope, body, send)
+            if isinstance(body, dict):
+                new = await self._rewrite(scope, path, body)
+                if new is not None:
+                    raw = json.dumps(new).encode()
+        except CacheOptionError as error:
+            return await _send_json(send, 400, _error(str(error)))
+        await self.app(_with_length(scope, len(raw)), _replay(raw, receive), send)
+
+    # ------------------------------------------------------------------ rewriting
+    async def _rewrite(self, scope: Scope, path: str, body: dict[str, Any]) -> Any:
+        """The body to forward (None: unchanged); CacheOptionError on bad cache options."""
+        xargs = body.get("vllm_xargs")
+        self._check_options(scope, xargs)
+        if path != CHAT or not isinstance(body.get("messages"), list):
+            return None
+        markers = chat_markers(body["messages"])
+        if not markers:
+            return None
+        messages = strip_cache_control(body["messages"])
+        render = {k: body[k] for k in RENDER_KEYS if k in body}
+        if body.get("model") is not None:
+            render["model"] = body["model"]
+        full = await self._tokens(
+            scope,
+            {
+                **render,
+                "messages": messages,
+                "add_generation_prompt": body.get("add_generation_prompt", True),
+                "continue_final_message": body.get("continue_final_message", False),
+            },
+        )
+        positions = []
+        for marker in markers:
+            head, cut = prefix_messages(body["messages"], marker)
+            tokens = await self._tokens(
+                scope,
+                {
+                    **render,
+                    "messages": head,
+                    "add_generation_prompt": False,
+                    "continue_final_message": cut,
+                },
+            )
+            positions.append(common_prefix_tokens(tokens, full))
+        new = dict(body, messages=messages)
+        new["vllm_xargs"] = merge_breakpoints(xargs if isinstance(xargs, dict) else None, positions)
+        return new
+
+    def _check_options(self, scope: Scope, xargs: Any) -> CacheOptions:
+        if xargs is not None and not isinstance(xargs, dict):
+            return CacheOptions()  # vLLM's own validation answers for it
+        options = CacheOptions.from_extra_args(xargs)
+        limit = self.config(scope).max_pin_ttl_s
+        if options.pin_ttl_s is not None and options.pin_ttl_s > limit:
+            raise CacheOptionError(
+                f"{PIN_TTL}: {options.pin_ttl_s:g} s exceeds the server's limit of {limit:g} s "
+                "(max_pin_ttl_s)"
+            )
+        return options
+
+    def config(self, scope: Scope) -> HybridCacheConfig:
+        """The server's hybrid settings (``additional_config["vllm_hybrid"]``), read once."""
+        if self._config is None:
+            section = None
+            app = scope.get("app")
+            vllm_config = getattr(getattr(app, "state", None), "vllm_config", None)
+            extra = getattr(vllm_config, "additional_config", None) or {}
+            if isinstance(extra, dict) and isinstance(extra.get("vllm_hybrid"), dict):
+                section = extra["vllm_hybrid"]
+            try:
+                self._config = HybridCacheConfig.from_sources(section, {})
+            except ConfigError:
+                self._config = HybridCacheConfig()  # the engine refuses it at start anyway
+        return self._config
+
+    async def _tokens(self, scope: Scope, request: dict[str, Any]) -> list[int]:
+        status, answer = await self._call(scope, TOKENIZE, request)
+        if status != 200 or not isinstance(answer, dict) or "tokens" not in answer:
+            message = _message_of(answer) or f"HTTP {status}"
+            raise CacheOptionError(
+                f"cannot render the messages up to a cache_control mark: {message}"
+            )
+        return list(answer["tokens"])
+
+    # ------------------------------------------------------------------ prewarm
+    async def _prewarm(self, scope: Scope, body: Any, send: Send) -> None:
+        try:
+            request = PrewarmRequest.parse(body)
+            limit = self.config(scope).max_pin_ttl_s
+            if request.ttl_s > limit:
+                raise CacheOptionError(
+                    f"prewarm: ttl_s {request.ttl_s:g} exceeds the server's limit of {limit:g} s "
+                    "(max_pin_ttl_s)"
+                )
+            prompt: Any = request.prompt
+            if request.messages is not None:
+                if chat_markers(request.messages):
+                    raise CacheOptionError(
+                        "prewarm: messages must not carry cache_control (the whole prefix is "
+                        "prewarmed)"
+                    )
+                render: dict[str, Any] = {**request.chat, "messages": request.messages}
+                render.update(add_generation_prompt=False)
+                if request.model is not None:
+                    render["model"] = request.model
+                prompt = await self._tokens(scope, render)
+        except CacheOptionError as error:
+            return await _send_json(send, 400, _error(str(error)))
+        completion: dict[str, Any] = {
+            "prompt": prompt,
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "vllm_xargs": {PIN_TTL: request.ttl_s, "cache_report": 1},
+        }
+        for key in ("model", "cache_salt"):
+            if getattr(request, key) is not None:
+                completion[key] = getattr(request, key)
+        status, answer = await self._call(scope, COMPLETIONS, completion)
+        if status != 200 or not isinstance(answer, dict):
+            return await _send_json(send, status, answer)
+        result = (answer.get("kv_transfer_params") or {}).get("vllm_hybrid") or {}
+        pin = result.get("pin") or {}
+        usage = answer.get("usage") or {}
+        if not pin.get("pinned"):
+            message = pin.get("message") or result.get("error") or "the engine took no pin"
+            return await _send_json(send, 400, _error(f"prewarm: {message}"))
+        details = usage.get("prompt_tokens_details") or {}
+        await _send_json(
+            send,
+            200,
+            {
+                "object": "hybrid.prewarm",
+                "prompt_tokens": usage.get("prompt_tokens"),
+                "cached_tokens": details.get("cached_tokens"),
+                "pinned_tokens": pin.get("tokens"),
+                "pinned_pages": pin.get("pages"),
+                "ttl_s": request.ttl_s,
+                "expires_in_s": pin.get("expires_in_s"),
+                "extended": pin.get("extended", False),
+                "pool_pinned_pages": pin.get("pinned_pages"),
+                "pool_pin_limit_pages": pin.get("limit_pages"),
+            },
+        )
+
+    # ------------------------------------------------------------------ in-process calls
+    async def _call(self, scope: Scope, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        """POST ``body`` to ``path`` of the app below us (same process, same headers)."""
+        data = json.dumps(body).encode()
+        sub = dict(_with_length(scope, len(data)), path=path, raw_path=path.encode())
+        sub["query_string"] = b""
+        status, chunks = 500, []
+
+        async def send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            elif message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
+
+        await self.app(sub, _replay(data, None), send)
+        try:
+            return status, json.loads(b"".join(chunks) or b"null")
+        except ValueError:
+            return status, {"error": {"message": b"".join(chunks).decode(errors="replace")}}
+
+
+def _error(message: str, status: int = 400) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "BadRequestError", "param": None, "code": status}}
+
+
+def _message_of(answer: Any) -> str | None:
+    if isinstance(answer, dict):
+        error = answer.get("error")
+        if isinstance(error, dict):
+            return str(error.get("message"))
+        if "detail" in answer:
+            return str(answer["detail"])
+    return None
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _replay(data: bytes, receive: Receive | None) -> Receive:
+    """A ``receive`` that yields ``data`` once, then waits for the client to go (the original
+    ``receive``; vLLM watches it to cancel requests whose client disconnected)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": data, "more_body": False}
+        if receive is not None:
+            return await receive()
+        await asyncio.Event().wait()  # an in-process call never disconnects
+        return {"type": "http.disconnect"}
+
+    return replay
+
+
+def _with_length(scope: Scope, length: int) -> Scope:
+    skip = (b"content-length", b"content-type", b"transfer-encoding")
+    headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() not in skip]
+    headers += [(b"content-type", b"application/json"), (b"content-length", str(length).encode())]
+    return dict(scope, headers=headers)
+
+
+async def _send_json(send: Send, status: int, payload: Any) -> None:
+    data = json.dumps(payload).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(data)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": data})
