@@ -7,6 +7,7 @@ from vllm_hybrid.core.cost import CostModel
 from vllm_hybrid.core.host_tier import HostTier, HostTierError
 from vllm_hybrid.core.index import PrefixIndex
 from vllm_hybrid.core.node import Node
+from vllm_hybrid.core.policies import FlopPolicy
 from vllm_hybrid.core.shapes import load_shape
 
 B = 4
@@ -148,3 +149,32 @@ def test_int8_snapshots_are_about_half_the_bytes_and_save_the_same_flops() -> No
     assert 1.8 < native.snapshot_bytes / int8.snapshot_bytes < 2.0  # bf16 SSM state -> int8
     assert int8.span_flops(0, 1000) == native.span_flops(0, 1000)
     assert int8.kv_bytes_per_token == native.kv_bytes_per_token
+
+
+@pytest.mark.parametrize("with_host", [False, True])
+def test_flop_demotes_a_leaf_state_when_the_host_has_room(with_host) -> None:
+    """Ours ranks by the tier: a state that can go to the host is worth, on the device, only
+    the transfer it saves (here far less per byte than the 256-token KV path under it);
+    without a tier, a free leaf's state goes with its KV."""
+    block = 64
+    cost = CostModel(load_shape("marconi-7b"), block)
+    host = HostTier(10 * cost.snapshot_bytes, 25e9) if with_host else None
+    index = PrefixIndex(
+        block_tokens=block,
+        kv_bytes_per_token=cost.kv_bytes_per_token,
+        snapshot_bytes=cost.snapshot_bytes,
+        budget_bytes=10 * cost.kv_bytes_per_block + cost.snapshot_bytes,
+        policy=FlopPolicy(cost),
+        host=host,
+    )
+    keys = ["a", "b", "c", "d"]
+    _fill(index, keys, {3}, now=1)
+    ev = index.evict(index.free_bytes + cost.snapshot_bytes)
+    d = index.get("d")
+    if with_host:
+        assert ev.snapshot_keys == ["d"] and ev.kv_keys == [] and index.on_host(d)
+        m = index.match([*keys, "e"], max_tokens=5 * block)
+        assert m.hit_node is d and m.hit_tokens == 4 * block  # resumable from the host copy
+    else:
+        assert d is None and ev.kv_keys == ["d"] and ev.snapshot_keys == ["d"]  # together
+    index.check_integrity()

@@ -62,7 +62,7 @@ def _brute_hit(mirror, tokens, max_tokens):
 
 
 def _run(trace, policy, budget, host_budget=0):
-    host = HostTier(host_budget, 1.0) if host_budget else None
+    host = HostTier(host_budget, 4e14) if host_budget else None  # 1 FLOP per byte moved
     index = PrefixIndex(
         block_tokens=B,
         kv_bytes_per_token=1,
@@ -100,10 +100,11 @@ def _run(trace, policy, budget, host_budget=0):
             node = index.get(key) if key is not None else None
             if node is not None:
                 mirror[key] = (tuple(content[:pos]), node.has_snapshot or index.on_host(node))
-        for key, (prefix, _) in list(mirror.items()):
-            node = index.get(key)  # a demotion keeps a state the eviction log reports freed
-            if node is not None and index.on_host(node):
-                mirror[key] = (prefix, True)
+        if host is not None:  # the eviction log reports device frees: demoted states stay
+            for key, (prefix, _) in list(mirror.items()):  # usable, dropped host ones do not
+                node = index.get(key)
+                if node is not None:
+                    mirror[key] = (prefix, node.has_snapshot or index.on_host(node))
         index.check_integrity()
         assert index.used_bytes <= budget
         if host is not None:

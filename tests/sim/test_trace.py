@@ -115,9 +115,23 @@ def test_cli_runs_and_writes_json(tmp_path, capsys) -> None:
         (["--model", "gpt-9"], "unknown model shape 'gpt-9'"),
         (["--trace", "gen:nope"], "unknown generator 'nope'"),
         (["--budget-gb", "1,x"], "--budget-gb must be comma-separated numbers"),
+        (["--host-gb", "-1"], "--host-gb must be >= 0"),
+        (["--host-gbps", "0"], "--host-gbps must be > 0"),
     ],
 )
 def test_cli_clear_errors(args, msg, capsys) -> None:
     base = ["simulate", "--trace", "gen:chat", "--limit", "5", "--no-progress"]
     assert main(base + args) == 2
     assert msg in capsys.readouterr().err
+
+
+def test_cli_host_tier_and_int8_columns(tmp_path, capsys) -> None:
+    out = tmp_path / "r.json"
+    args = ["simulate", "--trace", "gen:chat", "--limit", "300", "--model", "marconi-7b"]
+    args += ["--budget-gb", "1", "--policies", "flop", "--no-progress", "--json", str(out)]
+    assert main([*args, "--host-gb", "8", "--int8-snapshots"]) == 0
+    text = capsys.readouterr().out
+    assert "host tier 8 GB" in text and "host hits/demoted" in text
+    flop = json.loads(out.read_text())["budgets"]["1000000000"]["rows"]["flop"]
+    assert flop["host_budget_bytes"] == 8 * 10**9 and flop["demoted"] > 0
+    assert flop["host_peak_bytes"] <= flop["host_budget_bytes"]

@@ -41,13 +41,22 @@ class HostTierError(AssertionError):
 class HostTier:
     """Snapshots demoted from the device index, under their own byte budget."""
 
-    def __init__(self, budget_bytes: int, bandwidth_bytes_per_s: float) -> None:
+    def __init__(
+        self, budget_bytes: int, bandwidth_bytes_per_s: float, device_flops: float = 4e14
+    ) -> None:
         if budget_bytes < 0:
             raise ValueError(f"host budget must be >= 0 bytes, got {budget_bytes}")
         if not bandwidth_bytes_per_s > 0:
             raise ValueError(f"host bandwidth must be > 0 bytes/s, got {bandwidth_bytes_per_s}")
+        if not device_flops > 0:
+            raise ValueError(f"device FLOP/s must be > 0, got {device_flops}")
         self.budget_bytes = budget_bytes
         self.bandwidth = float(bandwidth_bytes_per_s)
+        #: The exchange rate between the tiers: prefill FLOPs the device does while one byte
+        #: crosses the link. A device state that has a place on the host is worth this per
+        #: byte (the transfer a hit would otherwise wait for); a policy compares it with the
+        #: FLOPs per byte of KV it would otherwise evict.
+        self.device_flops_per_byte = device_flops / self.bandwidth
         self.snapshot_bytes = 0  # set by the index that owns the tier (attach)
         self.used_bytes = 0
         self.peak_bytes = 0

@@ -95,6 +95,9 @@ class PrefixIndex:
         self.host = host
         if host is not None:
             host.attach(snapshot_bytes)
+            bind = getattr(policy, "bind_host", None)
+            if bind is not None:
+                bind(host)
 
     # ----------------------------------------------------------------- queries
     @property

@@ -12,6 +12,10 @@ Baselines model real systems (see docs/policies.md for where each differs from t
                 single-child nodes by ``recency / window + alpha * FLOP efficiency``.
 * ``flop``      ours: GreedyDual-Size-Frequency on FLOPs saved per byte (no tuned knob).
 
+With a host tier (``core/host_tier.py``), the baselines use it as a victim cache (what they evict
+alone is demoted); ``flop`` also ranks by it: a state that can go to the host is worth, on the
+device, only the transfer it saves, and a KV leaf whose state is on the host keeps its value.
+
 Reference rows: ``infinite`` (dense states, never evicts) and ``belady`` (clairvoyant).
 """
 
@@ -22,6 +26,7 @@ from collections.abc import Hashable
 
 from vllm_hybrid.core.cost import CostModel
 from vllm_hybrid.core.ghosts import GhostBalance
+from vllm_hybrid.core.host_tier import HostTier
 from vllm_hybrid.core.node import Node
 from vllm_hybrid.core.policy import AdmitContext
 
@@ -31,14 +36,19 @@ _HIT_CAP = 3  # hit counts >= this share one learned reuse rate
 _DEPTH_CLASSES = 32  # log2 buckets of content depth for the learned reuse rate
 
 
-def _segment(node: Node) -> tuple[int, int]:
+def _segment(node: Node, host: HostTier | None = None) -> tuple[int, int]:
     """(end of the nearest snapshot above ``node``, KV bytes freed with ``node``'s leaf chain).
 
     The chain is ``node`` and the ancestors that would be left as dead leaves by its eviction:
-    those with no snapshot, no lock and no other child."""
+    those with no snapshot, no lock and no other child. A snapshot on the host tier counts."""
     chain_bytes, chain_open = node.kv_bytes, True
     walk = node.parent
-    while walk is not None and walk.parent is not None and not walk.has_snapshot:
+    while (
+        walk is not None
+        and walk.parent is not None
+        and not walk.has_snapshot
+        and not (host is not None and host.holds(walk))
+    ):
         if chain_open and walk.n_children == 1 and not walk.refs:
             chain_bytes += walk.kv_bytes
         else:
@@ -55,6 +65,15 @@ class _Base:
     def __init__(self, cost: CostModel) -> None:
         self.cost = cost
         self.block_tokens = cost.block_tokens
+        self.host: HostTier | None = None
+
+    def bind_host(self, host: HostTier) -> None:
+        """Called by the index that owns a host tier (the policy may rank by it)."""
+        self.host = host
+
+    def has_state(self, node: Node) -> bool:
+        """A resume point at ``node``: its snapshot on the device or on the host tier."""
+        return node.has_snapshot or (self.host is not None and self.host.holds(node))
 
     def kv_priority(self, node: Node, now: int) -> float | None:
         return None
@@ -259,24 +278,31 @@ class FlopPolicy(_Base):
     def kv_priority(self, node: Node, now: int) -> float | None:
         if not node.is_leaf:
             return None
-        if not node.has_snapshot:
+        if not self.has_state(node):
             return self.clock  # dead KV: saves nothing
         self._now = max(self._now, now)
         return self.clock + self._weight(node) * self.balance.scale(self._efficiency(node, False))
 
     def snapshot_priority(self, node: Node, now: int) -> float | None:
+        self._now = max(self._now, now)
+        if self.host is not None and self.host.budget_bytes >= self.cost.snapshot_bytes:
+            # It would be demoted, not lost: on the device it only saves the transfer back.
+            eff = self.host.device_flops_per_byte
+            return self.clock + self._weight(node) * self.balance.scale(eff)
         if node.is_leaf and not node.refs:
             return None  # a free leaf goes with its KV (kv_priority)
         # An interior state, or a leaf's whose KV is in use (an engine's running request holds
         # the KV it resumed from; the state it resumed from was copied and is free).
-        self._now = max(self._now, now)
         return self.clock + self._weight(node) * self.balance.scale(self._efficiency(node, True))
 
     def _efficiency(self, node: Node, snapshot_only: bool) -> float:
-        """FLOPs a hit here saves over the snapshot above, per byte its eviction frees."""
-        prev_end, chain_bytes = _segment(node)
+        """FLOPs a hit here saves over the snapshot above, per byte its eviction frees (a
+        state on the host tier frees no device bytes)."""
+        prev_end, chain_bytes = _segment(node, self.host)
         saved = self.cost.span_flops(prev_end, node.end_tokens)
-        freed = self.cost.snapshot_bytes + (0 if snapshot_only else chain_bytes)
+        freed = (self.cost.snapshot_bytes if node.has_snapshot else 0) + (
+            0 if snapshot_only else chain_bytes
+        )
         return saved / max(freed, 1)
 
     def on_evicted(self, node: Node, snapshot_only: bool, live_entries: int) -> None:
