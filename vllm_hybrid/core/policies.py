@@ -22,6 +22,7 @@ Reference rows: ``infinite`` (dense states, never evicts) and ``belady`` (clairv
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Hashable
 
 from vllm_hybrid.core.cost import CostModel
@@ -49,7 +50,12 @@ def _segment(node: Node, host: HostTier | None = None) -> tuple[int, int]:
         and not walk.has_snapshot
         and not (host is not None and host.holds(walk))
     ):
-        if chain_open and walk.n_children == 1 and not walk.refs:
+        # walk.n_children == 1, inlined (hot: every flop/marconi priority)
+        if (
+            chain_open
+            and not walk.refs
+            and len(walk.children) + sum(map(len, walk.partials.values())) == 1
+        ):
             chain_bytes += walk.kv_bytes
         else:
             chain_open = False
@@ -238,6 +244,10 @@ class FlopPolicy(_Base):
         ref = cost.span_flops(0, self.interval_tokens) / max(ref_bytes, 1)
         self.balance = GhostBalance(self.block_tokens, ref)
         self._now = 0
+        # Constants of the hot priority path (the cost model is frozen, the shape immutable).
+        self._snap_bytes = cost.snapshot_bytes
+        self._linear = cost.shape.linear_flops_per_token
+        self._pair = cost.shape.pair_flops
 
     def observe(self, ctx: AdmitContext, hit_node: Node) -> None:
         self._now = max(self._now, ctx.request_index)
@@ -258,7 +268,8 @@ class FlopPolicy(_Base):
     def reuse_probability(self, node: Node) -> float:
         """Learned P(another hit): by hit count once resumed from, else by inserter class."""
         k = node.snap_hits
-        reached = self._reached[node.n_children >= 2]
+        kids = len(node.children) + (sum(map(len, node.partials.values())) if node.partials else 0)
+        reached = self._reached[kids >= 2]
         if k >= _HIT_CAP:
             return (reached[_HIT_CAP + 1] + 1) / (sum(reached[_HIT_CAP:]) + 2)
         if k:
@@ -276,31 +287,47 @@ class FlopPolicy(_Base):
         self.clock = max(self.clock, priority)
 
     def kv_priority(self, node: Node, now: int) -> float | None:
-        if not node.is_leaf:
-            return None
-        if not self.has_state(node):
-            return self.clock  # dead KV: saves nothing
-        self._now = max(self._now, now)
-        return self.clock + self._weight(node) * self.balance.scale(self._efficiency(node, False))
+        if node.children or node.partials:
+            return None  # not a leaf
+        if not node.has_snapshot and not (self.host is not None and self.host.holds(node)):
+            return self.clock  # dead KV (no state, has_state inlined): saves nothing
+        if now > self._now:
+            self._now = now
+        return self._value(node, self._efficiency(node, False))
+
+    def _value(self, node: Node, eff: float) -> float:
+        """``clock + _weight(node) * balance.scale(eff)``, the same arithmetic inlined (hot:
+        one call per ranked entry of the engine's mirror)."""
+        weight = (node.snap_hits + 1) * self.reuse_probability(node)
+        if eff <= 0.0:
+            return self.clock + weight * 0.0
+        balance = self.balance
+        return self.clock + weight * math.exp(balance.gamma * (math.log(eff) - balance.log_eff_ref))
 
     def snapshot_priority(self, node: Node, now: int) -> float | None:
-        self._now = max(self._now, now)
+        if now > self._now:
+            self._now = now
         if self.host is not None and self.host.budget_bytes >= self.cost.snapshot_bytes:
             # It would be demoted, not lost: on the device it only saves the transfer back.
             eff = self.host.device_flops_per_byte
             return self.clock + self._weight(node) * self.balance.scale(eff)
-        if node.is_leaf and not node.refs:
+        if not node.refs and not node.children and not node.partials:
             return None  # a free leaf goes with its KV (kv_priority)
         # An interior state, or a leaf's whose KV is in use (an engine's running request holds
         # the KV it resumed from; the state it resumed from was copied and is free).
-        return self.clock + self._weight(node) * self.balance.scale(self._efficiency(node, True))
+        return self._value(node, self._efficiency(node, True))
 
     def _efficiency(self, node: Node, snapshot_only: bool) -> float:
         """FLOPs a hit here saves over the snapshot above, per byte its eviction frees (a
         state on the host tier frees no device bytes)."""
         prev_end, chain_bytes = _segment(node, self.host)
-        saved = self.cost.span_flops(prev_end, node.end_tokens)
-        freed = (self.cost.snapshot_bytes if node.has_snapshot else 0) + (
+        end = node.end_tokens
+        if not 0 <= prev_end <= end:
+            raise ValueError(f"bad span [{prev_end}, {end})")
+        # self.cost.span_flops(prev_end, end), inlined (hot), same integer arithmetic
+        pairs = (end * (end + 1) - prev_end * (prev_end + 1)) // 2
+        saved = float(self._linear * (end - prev_end) + self._pair * pairs)
+        freed = (self._snap_bytes if node.has_snapshot else 0) + (
             0 if snapshot_only else chain_bytes
         )
         return saved / max(freed, 1)
