@@ -234,3 +234,51 @@ def scrape(server) -> dict[str, float]:
             name = line.split("{", 1)[0]
             out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[-1])
     return out
+
+
+def test_offline_llm_breakpoints_prewarm_and_oracle(model_root):
+    """``LLM(...)``: breakpoints in ``SamplingParams.extra_args``, ``prewarm(llm, ...)``, a pin
+    over the limit refused; greedy outputs == an engine with prefix caching off."""
+    import random
+
+    from tests.engine.conftest import engine, vllm
+    from vllm_hybrid.adapters.vllm.prewarm import PinRefusedError, prewarm
+
+    rng = random.Random(7)
+    draw = lambda n: [rng.randrange(10, 1000) for _ in range(n)]  # noqa: E731
+    prefix = draw(600)
+    prompts = [prefix + draw(300) for _ in range(3)]
+    warm = draw(700)
+    prompts.append(warm + draw(50))
+
+    def run(llm, prompt, **extra):
+        params = vllm.SamplingParams(
+            temperature=0.0, max_tokens=4, ignore_eos=True, extra_args=extra or None
+        )
+        (out,) = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+        return out.num_cached_tokens, list(out.outputs[0].token_ids)
+
+    settings = {"vllm_hybrid": {"max_pinned_fraction": PIN_FRACTION, "debug": True}}
+    model_dir = tiny_model_dir("zamba2", model_root)
+    with engine(model_dir, enable_prefix_caching=True, additional_config=settings) as llm:
+        got = [run(llm, prompts[0], cache_breakpoints=[600])]
+        got += [run(llm, p) for p in prompts[1:3]]
+        pin = prewarm(llm, warm, ttl_s=60)
+        got.append(run(llm, prompts[3]))
+        with pytest.raises(PinRefusedError, match="refused"):
+            prewarm(llm, draw(2400), ttl_s=60)
+    with engine(model_dir, enable_prefix_caching=False) as llm:
+        want = [run(llm, p) for p in prompts]
+    assert [c for c, _ in got] == [0, 512, 512, 640]  # 600 -> 512; prewarm of 700 -> 640
+    assert (pin["tokens"], pin["pages"]) == (640, 640 // BLOCK + 3)
+    assert [t for _, t in got] == [t for _, t in want]
+
+
+def test_breakpoints_prewarm_example(server):
+    from tests.engine.test_examples import load_example
+
+    got = load_example("breakpoints_prewarm").main(server, "tiny")
+    assert got["first_after_prewarm"] == got["pinned_tokens"] > 0
+    assert got["second_conversation"] == got["breakpoint"] // BLOCK * BLOCK > 0
+    assert got["report"]["reason"] == "no_snapshot"  # KV to 512, the state at 384
+    assert got["report"]["diverges_at_token"] > got["breakpoint"]
