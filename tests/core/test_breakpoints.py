@@ -206,3 +206,21 @@ def test_report_history_is_bounded() -> None:
     assert len(history._blocks) == 3 and len(history._prompts) == 1
     with pytest.raises(ValueError, match="block_tokens"):
         ReuseHistory(block_tokens=0)
+
+
+def test_pin_settings() -> None:
+    from vllm_hybrid.core.config import ConfigError, HybridCacheConfig
+
+    default = HybridCacheConfig.from_sources(None, {})
+    assert (default.max_pinned_fraction, default.max_pin_ttl_s) == (0.25, 3600.0)
+    got = HybridCacheConfig.from_sources(
+        {"max_pinned_fraction": "0.5"}, {"VLLM_HYBRID_MAX_PIN_TTL_S": "60"}
+    )
+    assert (got.max_pinned_fraction, got.max_pin_ttl_s) == (0.5, 60.0)
+    for bad in (1.5, -0.1, "half", True):
+        with pytest.raises(
+            ConfigError, match=r"max_pinned_fraction .* must be a number in \[0, 1\]"
+        ):
+            HybridCacheConfig.from_sources({"max_pinned_fraction": bad}, {})
+    with pytest.raises(ConfigError, match="max_pin_ttl_s -1 must be a number at least 0"):
+        HybridCacheConfig.from_sources({"max_pin_ttl_s": -1}, {})

@@ -267,6 +267,10 @@ def test_offline_llm_breakpoints_prewarm_and_oracle(model_root):
         got.append(run(llm, prompts[3]))
         with pytest.raises(PinRefusedError, match="refused"):
             prewarm(llm, draw(2400), ttl_s=60)
+        bad = vllm.SamplingParams(max_tokens=2, extra_args={"cache_breakpoints": "end"})
+        (out,) = llm.generate([{"prompt_token_ids": draw(40)}], bad, use_tqdm=False)
+        assert "not a token position" in out.kv_transfer_params["vllm_hybrid"]["error"]
+        assert out.outputs[0].token_ids  # served: the engine ignores bad options, never dies
     with engine(model_dir, enable_prefix_caching=False) as llm:
         want = [run(llm, p) for p in prompts]
     assert [c for c, _ in got] == [0, 512, 512, 640]  # 600 -> 512; prewarm of 700 -> 640
