@@ -224,3 +224,44 @@ def test_pin_settings() -> None:
             HybridCacheConfig.from_sources({"max_pinned_fraction": bad}, {})
     with pytest.raises(ConfigError, match="max_pin_ttl_s -1 must be a number at least 0"):
         HybridCacheConfig.from_sources({"max_pin_ttl_s": -1}, {})
+
+
+def test_anthropic_markers_strip_and_prefix() -> None:
+    from vllm_hybrid.core.breakpoints import (
+        AnthropicMarker,
+        anthropic_markers,
+        anthropic_prefix,
+        strip_anthropic_cache_control,
+    )
+
+    body = {
+        "system": [
+            {"type": "text", "text": "s1"},
+            {"type": "text", "text": "s2", "cache_control": EPHEMERAL},
+        ],
+        "messages": [
+            {"role": "user", "content": "plain"},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "a", "cache_control": EPHEMERAL},
+                    {"type": "text", "text": "b"},
+                ],
+            },
+        ],
+        "tools": [{"name": "t", "input_schema": {}, "cache_control": EPHEMERAL}],
+    }
+    markers = anthropic_markers(body)
+    assert markers == [AnthropicMarker(None, 1), AnthropicMarker(1, 0)]
+    clean = strip_anthropic_cache_control(body)
+    assert "cache_control" not in str(clean) and "cache_control" in str(body)
+    head = anthropic_prefix(clean, markers[0])
+    assert head["messages"] == [] and len(head["system"]) == 2
+    head = anthropic_prefix(clean, markers[1])
+    assert len(head["messages"]) == 2 and head["messages"][1]["content"] == [
+        {"type": "text", "text": "a"}
+    ]
+    with pytest.raises(CacheOptionError, match=r"system\[0\]: cache_control type 'x'"):
+        anthropic_markers(
+            {"system": [{"type": "text", "text": "s", "cache_control": {"type": "x"}}]}
+        )

@@ -116,6 +116,32 @@ def test_breakpoint_on_system_prompt_hits_exactly_there(client, server, block_fo
     assert hybrid["cache_report"]["ended_on_snapshot"] is True
 
 
+def test_anthropic_messages_breakpoint_on_a_system_block(server):
+    """vLLM's ``/v1/messages``: the mark on a system block, the hit in ``cache_read_input_tokens``."""
+    seed = 13
+    expected = count_tokens(server, [{"role": "system", "content": text(seed, 200)}])
+
+    def ask(marked, turn):
+        block = {"type": "text", "text": text(seed, 200)}
+        if marked:
+            block["cache_control"] = {"type": "ephemeral"}
+        body = {
+            "model": "tiny",
+            "max_tokens": 4,
+            "system": [block],
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": user(turn)["content"]}]}
+            ],
+            "vllm_xargs": {"cache_report": 1},
+        }
+        answer = httpx.post(f"{server}/v1/messages", json=body, timeout=120)
+        assert answer.status_code == 200, answer.text
+        return answer.json()["usage"].get("cache_read_input_tokens") or 0
+
+    assert ask(True, 1) == 0
+    assert ask(False, 2) == expected // BLOCK * BLOCK > 0
+
+
 def test_without_breakpoint_the_second_conversation_misses(client):
     cached, _, _ = chat(client, [system(21, False), user(1)])
     cached_again, _, hybrid = chat(

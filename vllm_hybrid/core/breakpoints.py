@@ -229,6 +229,82 @@ def prefix_messages(messages: list[Any], marker: Marker) -> tuple[list[Any], boo
     return [*head[:-1], last], True
 
 
+# --- Anthropic /v1/messages ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AnthropicMarker:
+    """A ``cache_control`` mark on block ``block`` of the ``system`` list (``message`` None)
+    or of ``messages[message].content``."""
+
+    message: int | None
+    block: int
+
+
+def anthropic_markers(body: Mapping[str, Any]) -> list[AnthropicMarker]:
+    """Every ``cache_control`` mark on a ``/v1/messages`` body's system or message content
+    blocks, validated, in order. (Marks on ``tools`` are dropped by
+    :func:`strip_anthropic_cache_control` and not used: tools render in the template's own
+    place, not at a prefix boundary.)"""
+    found: list[AnthropicMarker] = []
+    system = body.get("system")
+    for j, block in enumerate(system if isinstance(system, list) else []):
+        if isinstance(block, Mapping) and CACHE_CONTROL in block:
+            check_cache_control(block[CACHE_CONTROL], f"system[{j}]")
+            found.append(AnthropicMarker(None, j))
+    messages = body.get("messages")
+    for i, message in enumerate(messages if isinstance(messages, list) else []):
+        content = message.get("content") if isinstance(message, Mapping) else None
+        for j, block in enumerate(content if isinstance(content, list) else []):
+            if isinstance(block, Mapping) and CACHE_CONTROL in block:
+                check_cache_control(block[CACHE_CONTROL], f"messages[{i}].content[{j}]")
+                found.append(AnthropicMarker(i, j))
+    if len(found) > MAX_BREAKPOINTS:
+        raise CacheOptionError(
+            f"at most {MAX_BREAKPOINTS} cache_control marks per request, got {len(found)}"
+        )
+    return found
+
+
+def _strip_blocks(blocks: Any) -> Any:
+    if not isinstance(blocks, list):
+        return blocks
+    return [
+        {k: v for k, v in b.items() if k != CACHE_CONTROL} if isinstance(b, Mapping) else b
+        for b in blocks
+    ]
+
+
+def strip_anthropic_cache_control(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a ``/v1/messages`` body without ``cache_control`` on system, message content
+    and tool entries."""
+    out = dict(body)
+    for key in ("system", "tools"):
+        if key in out:
+            out[key] = _strip_blocks(out[key])
+    if isinstance(out.get("messages"), list):
+        out["messages"] = [
+            dict(m, content=_strip_blocks(m.get("content"))) if isinstance(m, Mapping) else m
+            for m in out["messages"]
+        ]
+    return out
+
+
+def anthropic_prefix(body: Mapping[str, Any], marker: AnthropicMarker) -> dict[str, Any]:
+    """``body`` cut right after the marked block (system blocks, messages and content blocks
+    that follow it removed)."""
+    out = dict(body)
+    if marker.message is None:
+        out["system"] = list(body["system"][: marker.block + 1])
+        out["messages"] = []
+        return out
+    messages = list(body["messages"][: marker.message + 1])
+    last = dict(messages[-1])
+    last["content"] = list(last["content"][: marker.block + 1])
+    out["messages"] = [*messages[:-1], last]
+    return out
+
+
 def merge_breakpoints(extra: Mapping[str, Any] | None, positions: Sequence[int]) -> dict[str, Any]:
     """``extra`` (vllm_xargs) with ``positions`` added to its breakpoints (validated)."""
     out = dict(extra or {})

@@ -16,6 +16,9 @@ What it does, per request (everything else passes through untouched):
   the marks are removed and the positions added to ``vllm_xargs.cache_breakpoints``, which
   vLLM hands to the engine as ``SamplingParams.extra_args`` (``ChatCompletionRequest.
   to_sampling_params``). Cache options in ``vllm_xargs`` are validated.
+* ``POST /v1/messages`` (vLLM's Anthropic endpoint): ``cache_control`` on ``system`` or message
+  content blocks, the same way; the body is converted to chat messages by vLLM's own converter
+  (``AnthropicServingMessages.to_chat_completion_request``) before rendering.
 * ``POST /v1/completions``: cache options in ``vllm_xargs`` are validated.
 * ``POST /v1/hybrid/prewarm``: computes a prefix (a completion of one token with
   ``cache_pin_ttl_s``) and answers with the pin the engine took, or HTTP 400 with the engine's
@@ -38,10 +41,13 @@ from vllm_hybrid.core.breakpoints import (
     PIN_TTL,
     CacheOptionError,
     CacheOptions,
+    anthropic_markers,
+    anthropic_prefix,
     chat_markers,
     common_prefix_tokens,
     merge_breakpoints,
     prefix_messages,
+    strip_anthropic_cache_control,
     strip_cache_control,
 )
 from vllm_hybrid.core.config import ConfigError, HybridCacheConfig
@@ -55,9 +61,10 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-CHAT, COMPLETIONS, PREWARM, TOKENIZE = (
+CHAT, COMPLETIONS, MESSAGES, PREWARM, TOKENIZE = (
     "/v1/chat/completions",
     "/v1/completions",
+    "/v1/messages",
     "/v1/hybrid/prewarm",
     "/tokenize",
 )
@@ -77,7 +84,7 @@ class HybridServingMiddleware:
         path = scope.get("path")
         if scope.get("type") != "http" or scope.get("method") != "POST":
             return await self.app(scope, receive, send)
-        if path not in (CHAT, COMPLETIONS, PREWARM):
+        if path not in (CHAT, COMPLETIONS, MESSAGES, PREWARM):
             return await self.app(scope, receive, send)
         raw = await _read_body(receive)
         try:
@@ -100,6 +107,8 @@ class HybridServingMiddleware:
         """The body to forward (None: unchanged); CacheOptionError on bad cache options."""
         xargs = body.get("vllm_xargs")
         self._check_options(scope, xargs)
+        if path == MESSAGES:
+            return await self._rewrite_anthropic(scope, body)
         if path != CHAT or not isinstance(body.get("messages"), list):
             return None
         markers = chat_markers(body["messages"])
@@ -132,6 +141,29 @@ class HybridServingMiddleware:
             )
             positions.append(common_prefix_tokens(tokens, full))
         new = dict(body, messages=messages)
+        new["vllm_xargs"] = merge_breakpoints(xargs if isinstance(xargs, dict) else None, positions)
+        return new
+
+    async def _rewrite_anthropic(self, scope: Scope, body: dict[str, Any]) -> Any:
+        markers = anthropic_markers(body)
+        if not markers:
+            return None
+        clean = strip_anthropic_cache_control(body)
+        full_chat = _anthropic_as_chat(scope, clean)
+        if full_chat is None:
+            return clean  # vLLM's own validation answers for the body
+        full = await self._tokens(scope, {**full_chat, "add_generation_prompt": True})
+        positions = []
+        for marker in markers:
+            head = _anthropic_as_chat(scope, anthropic_prefix(clean, marker))
+            if head is None:
+                continue
+            # Rendered closed (end-of-message tokens); the common prefix with the whole
+            # request stops at the mark when the mark is inside a message.
+            tokens = await self._tokens(scope, {**head, "add_generation_prompt": False})
+            positions.append(common_prefix_tokens(tokens, full))
+        xargs = body.get("vllm_xargs")
+        new = dict(clean)
         new["vllm_xargs"] = merge_breakpoints(xargs if isinstance(xargs, dict) else None, positions)
         return new
 
@@ -251,6 +283,27 @@ class HybridServingMiddleware:
             return status, json.loads(b"".join(chunks) or b"null")
         except ValueError:
             return status, {"error": {"message": b"".join(chunks).decode(errors="replace")}}
+
+
+def _anthropic_as_chat(scope: Scope, body: dict[str, Any]) -> dict[str, Any] | None:
+    """A ``/v1/messages`` body as ``/tokenize`` chat fields (messages, tools,
+    chat_template_kwargs) through vLLM's converter; None if vLLM would refuse the body."""
+    from pydantic import ValidationError
+    from vllm.entrypoints.anthropic.protocol import AnthropicMessagesRequest
+    from vllm.entrypoints.anthropic.serving import AnthropicServingMessages
+
+    try:
+        request = AnthropicMessagesRequest.model_validate(body)
+    except ValidationError:
+        return None
+    serving = getattr(getattr(scope.get("app"), "state", None), "anthropic_serving_messages", None)
+    chat = AnthropicServingMessages.to_chat_completion_request(
+        request, merge_inline_system=bool(getattr(serving, "_merge_inline_system", False))
+    )
+    dumped = chat.model_dump(mode="json", exclude_none=True)
+    return {
+        k: dumped[k] for k in ("model", "messages", "tools", "chat_template_kwargs") if k in dumped
+    }
 
 
 def _error(message: str, status: int = 400) -> dict[str, Any]:
