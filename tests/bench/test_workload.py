@@ -108,3 +108,21 @@ def test_unknown_generator_and_missing_trace() -> None:
         list(iter_source("gen:nope"))
     with pytest.raises(BenchError, match="trace file not found"):
         list(iter_source("/no/such/trace.jsonl"))
+
+
+def test_skip_starts_at_a_later_window_with_its_own_clock() -> None:
+    from argparse import Namespace
+
+    from vllm_hybrid.bench.replay import load_workload
+
+    args = Namespace(trace="gen:chat", seed=0, skip=0, requests=40, scale=0.25, max_len=4096)
+    args.max_tokens = 4
+    whole = load_workload(args)
+    args.skip, args.requests = 10, 5
+    window = load_workload(args)
+    source = list(iter_source("gen:chat", 0))
+    assert [r.prompt_token_ids for r in window] == [
+        tuple(materialize(req, 0.25)) for req in source[10:15]
+    ]
+    assert window[0].prompt_token_ids == whole[10].prompt_token_ids  # all of gen:chat fits
+    assert window[0].arrival_s == 0.0 and window[1].arrival_s > 0.0

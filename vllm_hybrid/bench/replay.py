@@ -12,6 +12,7 @@ OpenAI-compatible server (:mod:`.http`). The table goes to stdout, the progress 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -63,6 +64,12 @@ def add_replay_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--label", default="server", help="row label with --url")
     p.add_argument("--served-model", help="model name on the server (default: its first)")
     p.add_argument("--requests", type=int, default=100, help="replay the first N that fit")
+    p.add_argument(
+        "--skip",
+        type=int,
+        default=0,
+        help="start at the trace's request K (0-based; a later window of a long trace)",
+    )
     p.add_argument("--scale", type=float, default=0.25, help="token-length multiplier")
     p.add_argument("--max-len", type=int, default=4096, help="engine max_model_len")
     p.add_argument("--max-tokens", type=int, help="output tokens (default: trace's, scaled)")
@@ -112,7 +119,9 @@ def fixed_time_scale(args: argparse.Namespace, requests: list[BenchRequest]) -> 
 
 
 def load_workload(args: argparse.Namespace) -> list[BenchRequest]:
-    source = iter_source(args.trace, args.seed)
+    if args.skip < 0:
+        raise BenchError(f"--skip must be >= 0, got {args.skip}")
+    source = itertools.islice(iter_source(args.trace, args.seed), args.skip, None)
     return build_workload(source, args.requests, args.scale, args.max_len, args.max_tokens)
 
 
@@ -205,7 +214,7 @@ def run_http(args: argparse.Namespace, reqs: list[BenchRequest]) -> list[RowResu
 
 
 def _settings(args: argparse.Namespace, reqs: list[BenchRequest]) -> dict[str, Any]:
-    keys = ("trace", "model", "url", "label", "policies", "requests", "scale", "max_len")
+    keys = ("trace", "model", "url", "label", "policies", "requests", "skip", "scale", "max_len")
     keys += ("max_tokens", "time_scale", "rate", "load", "blocks", "max_num_seqs", "seed")
     out = {k: getattr(args, k) for k in keys}
     out["workload_requests"] = len(reqs)
