@@ -246,6 +246,18 @@ def test_bad_requests_are_400_with_a_message(server, path, body, message):
     assert message in answer.json()["error"]["message"]
 
 
+def test_marks_with_an_unknown_model_get_vllms_own_404(client, server):
+    with pytest.raises(openai.NotFoundError):
+        chat_body = [system(71, marked=True), user(1)]
+        client.chat.completions.create(model="no-such-model", messages=chat_body, max_tokens=2)
+    answer = httpx.post(
+        f"{server}/v1/hybrid/prewarm",
+        json={"model": "no-such-model", "messages": [system(71, False)]},
+        timeout=60,
+    )
+    assert answer.status_code == 404, answer.text
+
+
 def test_server_keeps_serving_after_bad_requests(client):
     cached, reply, _ = chat(client, [user(9)])
     assert reply

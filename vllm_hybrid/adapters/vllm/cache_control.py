@@ -132,8 +132,7 @@ class CacheControl:
                 continue
             done = request.num_computed_tokens  # already advanced by this step (vLLM)
             while state.stops and hit_position(state.stops[0], self.block_tokens) <= done:
-                state.stops.pop(0)
-                self.breakpoint_stops += 1
+                self.breakpoint_stops += state.stops.pop(0) in state.applied
             if state.stops:
                 request.shared_prefix_boundary = state.stops[0]
 

@@ -79,8 +79,15 @@ def block_bytes(kv_cache_config: Any) -> int:
 
 
 def hybrid_totals(pool: Any) -> dict[str, float]:
-    """The totals of one ``HybridBlockPool`` (``block_pool.py``), keys = ``METRICS`` keys."""
+    """The totals of one ``HybridBlockPool`` (``block_pool.py``), keys = ``METRICS`` keys, with
+    the pins' and breakpoints' (``pool.hy_extra_totals``, set by the scheduler from
+    ``cache_control.py``) where present."""
     feed = pool.hy_feed
+    extra = getattr(pool, "hy_extra_totals", None)
+    return {**_pool_totals(pool, feed), **(extra() if extra is not None else {})}
+
+
+def _pool_totals(pool: Any, feed: Any) -> dict[str, float]:
     return engine_totals(
         feed.counters if feed is not None else None,
         pool.hy_pages,

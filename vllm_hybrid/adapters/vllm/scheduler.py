@@ -150,6 +150,8 @@ class _HybridMixin:
         super().__init__(*args, **kwargs)
         self.hybrid_pool = activate(self)
         self.hy_control = cache_control(self)
+        if self.hybrid_pool is not None and self.hy_control is not None:
+            self.hybrid_pool.hy_extra_totals = self.hy_control.totals  # metrics.hybrid_totals
         self.hybrid_checks = 0
 
     def _get_local_prefix_cache_hit(self, request: Any) -> Any:
@@ -226,10 +228,8 @@ class _HybridMixin:
         stats = super().make_stats(*args, **kwargs)  # type: ignore[misc]
         if stats is not None and self.hybrid_pool is not None:
             attach_hybrid_stats(self.hybrid_pool, stats)
-        if stats is not None and self.hy_control is not None:
-            setattr(
-                stats, FIELD, {**(getattr(stats, FIELD, None) or {}), **self.hy_control.totals()}
-            )
+        if stats is not None and self.hybrid_pool is None and self.hy_control is not None:
+            setattr(stats, FIELD, self.hy_control.totals())
         return stats
 
     def _hy_after_step(self) -> None:

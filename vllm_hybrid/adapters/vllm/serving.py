@@ -100,6 +100,8 @@ class HybridServingMiddleware:
                     raw = json.dumps(new).encode()
         except CacheOptionError as error:
             return await _send_json(send, 400, _error(str(error)))
+        except _Upstream as refused:  # e.g. an unknown model: vLLM's own status and message
+            return await _send_json(send, refused.status, refused.answer)
         await self.app(_with_length(scope, len(raw)), _replay(raw, receive), send)
 
     # ------------------------------------------------------------------ rewriting
@@ -195,12 +197,10 @@ class HybridServingMiddleware:
         return self._config
 
     async def _tokens(self, scope: Scope, request: dict[str, Any]) -> list[int]:
+        """vLLM's tokens for a chat render; ``_Upstream`` (vLLM's own answer) if it refuses."""
         status, answer = await self._call(scope, TOKENIZE, request)
         if status != 200 or not isinstance(answer, dict) or "tokens" not in answer:
-            message = _message_of(answer) or f"HTTP {status}"
-            raise CacheOptionError(
-                f"cannot render the messages up to a cache_control mark: {message}"
-            )
+            raise _Upstream(status if status != 200 else 500, answer)
         return list(answer["tokens"])
 
     # ------------------------------------------------------------------ prewarm
@@ -227,6 +227,8 @@ class HybridServingMiddleware:
                 prompt = await self._tokens(scope, render)
         except CacheOptionError as error:
             return await _send_json(send, 400, _error(str(error)))
+        except _Upstream as refused:
+            return await _send_json(send, refused.status, refused.answer)
         completion: dict[str, Any] = {
             "prompt": prompt,
             "max_tokens": 1,
@@ -306,18 +308,16 @@ def _anthropic_as_chat(scope: Scope, body: dict[str, Any]) -> dict[str, Any] | N
     }
 
 
+class _Upstream(Exception):
+    """vLLM refused an in-process call; its status and answer go back to the client."""
+
+    def __init__(self, status: int, answer: Any) -> None:
+        super().__init__(status)
+        self.status, self.answer = status, answer
+
+
 def _error(message: str, status: int = 400) -> dict[str, Any]:
     return {"error": {"message": message, "type": "BadRequestError", "param": None, "code": status}}
-
-
-def _message_of(answer: Any) -> str | None:
-    if isinstance(answer, dict):
-        error = answer.get("error")
-        if isinstance(error, dict):
-            return str(error.get("message"))
-        if "detail" in answer:
-            return str(answer["detail"])
-    return None
 
 
 async def _read_body(receive: Receive) -> bytes:
