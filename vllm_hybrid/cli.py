@@ -18,12 +18,14 @@ breakpoints on chat messages, ``POST /v1/hybrid/prewarm``; see docs/serving.md) 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from vllm_hybrid import advise
 from vllm_hybrid.bench.replay import add_bench_parser, run_bench
+from vllm_hybrid.core.config import ConfigError, HybridCacheConfig
 from vllm_hybrid.sim.cli import add_simulate_parser, run_simulate
 
 #: Our ASGI middleware (``adapters/vllm/serving.py``), added to every ``serve``.
@@ -50,10 +52,51 @@ def _serve_command(model: str, vllm_args: Sequence[str]) -> list[str]:
     ]
 
 
+def hybrid_settings_error(vllm_args: Sequence[str], env: Mapping[str, str]) -> str | None:
+    """What is wrong with the hybrid cache's settings (``--additional-config``'s
+    ``"vllm_hybrid"`` object over ``VLLM_HYBRID_*``), or None. The engine checks them too, but
+    only once the model is loaded (a minute on a small machine); checked here, a typo fails at
+    once. JSON vLLM cannot parse is left to vLLM's own message."""
+    if env.get("VLLM_HYBRID_ENABLE", "1") == "0":
+        return None
+    raw = None
+    for i, arg in enumerate(vllm_args):
+        if arg == "--additional-config" and i + 1 < len(vllm_args):
+            raw = vllm_args[i + 1]
+        elif arg.startswith("--additional-config="):
+            raw = arg.partition("=")[2]
+    section = None
+    if raw is not None:
+        try:
+            extra = json.loads(raw)
+        except ValueError:
+            return None
+        section = extra.get("vllm_hybrid") if isinstance(extra, dict) else None
+        if section is not None and not isinstance(section, dict):
+            return f'additional_config["vllm_hybrid"] must be an object, got {section!r}'
+    try:
+        HybridCacheConfig.from_sources(section, env)
+    except ConfigError as error:
+        return str(error)
+    return None
+
+
 def cmd_serve(args: argparse.Namespace, vllm_args: Sequence[str]) -> int:
     looks_local = args.model.startswith(("/", ".", "~")) or os.environ.get("HF_HUB_OFFLINE") == "1"
-    if looks_local and not os.path.isdir(os.path.expanduser(args.model)):
+    model_dir = os.path.expanduser(args.model)
+    if looks_local and not os.path.isdir(model_dir):
         print(f"vllm-hybrid serve: model directory {args.model!r} not found", file=sys.stderr)
+        return 2
+    if looks_local and not os.path.isfile(os.path.join(model_dir, "config.json")):
+        print(
+            f"vllm-hybrid serve: {args.model!r} has no config.json: not a Hugging Face model "
+            "directory",
+            file=sys.stderr,
+        )
+        return 2
+    error = hybrid_settings_error(vllm_args, os.environ)
+    if error:
+        print(f"vllm-hybrid serve: bad setting: {error}", file=sys.stderr)
         return 2
     command = _serve_command(args.model, vllm_args)
     os.execv(command[0], command)  # replaces this process; vLLM loads our plugin itself
