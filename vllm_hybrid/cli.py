@@ -87,7 +87,8 @@ def cmd_serve(args: argparse.Namespace, vllm_args: Sequence[str]) -> int:
     if looks_local and not os.path.isdir(model_dir):
         print(f"vllm-hybrid serve: model directory {args.model!r} not found", file=sys.stderr)
         return 2
-    if looks_local and not os.path.isfile(os.path.join(model_dir, "config.json")):
+    configs = ("config.json", "params.json")  # Hugging Face, Mistral format
+    if looks_local and not any(os.path.isfile(os.path.join(model_dir, c)) for c in configs):
         print(
             f"vllm-hybrid serve: {args.model!r} has no config.json: not a Hugging Face model "
             "directory",

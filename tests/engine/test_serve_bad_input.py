@@ -254,7 +254,8 @@ def test_client_disconnects_mid_stream(server, probe):
     wait_metric(server.base, "vllm:num_requests_running", lambda v: v == 0)
     after = wait_metric(server.base, "vllm:kv_cache_usage_perc", lambda v: v == 0)
     generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
-    assert generated < 2000, f"{generated} tokens: the dropped streams were not aborted"
+    generated -= sum(len(r.token_ids) for r in served)  # the steady client's
+    assert generated < 1000, f"{generated} tokens: the dropped streams were not aborted"
 
     # what the aborted requests cached is correct: their prompts hit and answer as uncached
     for p in (prompt, long_prompt):
