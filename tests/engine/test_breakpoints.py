@@ -1,7 +1,7 @@
 """Explicit cache breakpoints, prewarm with pins, cache reports: a real `vllm-hybrid serve`.
 
-One server per module (tiny Zamba2, 128-token blocks, 2,048 pool blocks, pins bounded to 1%
-of the pool = 20 pages, integrity checks after every scheduler step). Oracles:
+One server per module (tiny Zamba2, 128-token blocks, 2,048 pool blocks, pins bounded to 0.7%
+of the pool = 14 pages, integrity checks after every scheduler step). Oracles:
 
 * a ``cache_control`` mark on the system message puts a breakpoint at exactly the rendered
   system message's token count (vLLM's own ``/tokenize``), and a second conversation with the
@@ -30,7 +30,7 @@ from vllm_hybrid.testing.fixtures import tiny_model_dir
 pytestmark = pytest.mark.engine
 
 BLOCK = 128
-PIN_FRACTION = 0.01  # of 2,048 blocks: 20 pages
+PIN_FRACTION = 0.007  # of 2,048 blocks: 14 pages
 WORDS = (
     "hammer saw drill screw nail bolt anchor paint brush roller tape hose seed soil pot pipe "
     "valve fitting ladder glue sandpaper chisel wrench pliers level clamp"
@@ -40,6 +40,11 @@ WORDS = (
 def text(seed: int, words: int) -> str:
     """Deterministic filler (a distinct text per seed)."""
     return " ".join(WORDS[(seed * 7 + i * (seed % 5 + 1)) % len(WORDS)] for i in range(words))
+
+
+#: Our server's model name, unique: a request never reaches another test session's server
+#: that took the same free port between free_port() and our bind.
+MODEL = f"tiny-bp-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture(scope="module")
@@ -52,10 +57,17 @@ def server(model_root, tmp_path_factory):
         log,
         "--additional-config",
         json.dumps(settings),
+        "--served-model-name",
+        MODEL,
     )
+    url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(proc, port, log)
-        yield f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 600
+        while MODEL not in httpx.get(f"{url}/v1/models", timeout=10).text:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(1)  # another process answered on our port: wait for ours (or its exit)
+        yield url
     finally:
         stop_server(proc)
 
@@ -67,7 +79,7 @@ def client(server):
 
 def chat(client, messages, **extra):
     reply = client.chat.completions.create(
-        model="tiny", messages=messages, max_tokens=8, temperature=0.0, extra_body=extra or None
+        model=MODEL, messages=messages, max_tokens=8, temperature=0.0, extra_body=extra or None
     )
     hybrid = (reply.model_extra.get("kv_transfer_params") or {}).get("vllm_hybrid") or {}
     return reply.usage.prompt_tokens_details.cached_tokens, reply.choices[0].message.content, hybrid
@@ -117,7 +129,7 @@ def test_breakpoint_on_system_prompt_hits_exactly_there(client, server, block_fo
 
 
 def test_anthropic_messages_breakpoint_on_a_system_block(server):
-    """vLLM's ``/v1/messages``: the mark on a system block, the hit in ``cache_read_input_tokens``."""
+    """vLLM's ``/v1/messages``: a mark on a system block; the hit: ``cache_read_input_tokens``."""
     seed = 13
     expected = count_tokens(server, [{"role": "system", "content": text(seed, 200)}])
 
@@ -126,7 +138,7 @@ def test_anthropic_messages_breakpoint_on_a_system_block(server):
         if marked:
             block["cache_control"] = {"type": "ephemeral"}
         body = {
-            "model": "tiny",
+            "model": MODEL,
             "max_tokens": 4,
             "system": [block],
             "messages": [
@@ -199,9 +211,9 @@ def test_pin_expires_after_its_ttl(client, server):
 
 
 def test_pin_over_the_limit_is_a_400_and_the_server_keeps_serving(client, server):
-    # ~2,400 tokens: 18 KV pages + 3 state pages > the 20-page limit.
+    # ~1,640 tokens: 12 KV pages + 3 state pages > the 14-page limit.
     answer = httpx.post(
-        f"{server}/v1/hybrid/prewarm", json={"prompt": text(61, 760), "ttl_s": 30}, timeout=300
+        f"{server}/v1/hybrid/prewarm", json={"prompt": text(61, 520), "ttl_s": 30}, timeout=300
     )
     assert answer.status_code == 400
     message = answer.json()["error"]["message"]
@@ -237,9 +249,9 @@ def test_bad_requests_are_400_with_a_message(server, path, body, message):
         sys_msg = {"role": "system", "content": "be brief"}
         if mark is not None:
             sys_msg["cache_control"] = mark
-        body = {"model": "tiny", "max_tokens": 2, "messages": [sys_msg, user(8)], **body}
+        body = {"model": MODEL, "max_tokens": 2, "messages": [sys_msg, user(8)], **body}
     elif path == "completions":
-        body = {"model": "tiny", "max_tokens": 2, "prompt": "hello", **body}
+        body = {"model": MODEL, "max_tokens": 2, "prompt": "hello", **body}
     payload = {"content": body} if isinstance(body, str) else {"json": body}
     answer = httpx.post(url, timeout=60, **payload)
     assert answer.status_code == 400, answer.text
@@ -296,7 +308,8 @@ def test_offline_llm_breakpoints_prewarm_and_oracle(model_root):
         (out,) = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
         return out.num_cached_tokens, list(out.outputs[0].token_ids)
 
-    settings = {"vllm_hybrid": {"max_pinned_fraction": PIN_FRACTION, "debug": True}}
+    # 8 pages: the 700-token prewarm (5 KV + 3 state pages) fits exactly, nothing more does.
+    settings = {"vllm_hybrid": {"max_pinned_fraction": 0.004, "debug": True}}
     model_dir = tiny_model_dir("zamba2", model_root)
     with engine(model_dir, enable_prefix_caching=True, additional_config=settings) as llm:
         got = [run(llm, prompts[0], cache_breakpoints=[600])]
@@ -304,7 +317,7 @@ def test_offline_llm_breakpoints_prewarm_and_oracle(model_root):
         pin = prewarm(llm, warm, ttl_s=60)
         got.append(run(llm, prompts[3]))
         with pytest.raises(PinRefusedError, match="refused"):
-            prewarm(llm, draw(2400), ttl_s=60)
+            prewarm(llm, draw(300), ttl_s=60)
         bad = vllm.SamplingParams(max_tokens=2, extra_args={"cache_breakpoints": "end"})
         (out,) = llm.generate([{"prompt_token_ids": draw(40)}], bad, use_tqdm=False)
         assert "not a token position" in out.kv_transfer_params["vllm_hybrid"]["error"]
@@ -319,7 +332,7 @@ def test_offline_llm_breakpoints_prewarm_and_oracle(model_root):
 def test_breakpoints_prewarm_example(server):
     from tests.engine.test_examples import load_example
 
-    got = load_example("breakpoints_prewarm").main(server, "tiny")
+    got = load_example("breakpoints_prewarm").main(server, MODEL)
     assert got["first_after_prewarm"] == got["pinned_tokens"] > 0
     assert got["second_conversation"] == got["breakpoint"] // BLOCK * BLOCK > 0
     assert got["report"]["reason"] == "no_snapshot"  # KV to 512, the state at 384
