@@ -144,3 +144,42 @@ def test_activation_only_for_mamba_hybrids_with_caching() -> None:
         kv_cache_config=SimpleNamespace(kv_cache_groups=[attn]),
     )
     assert scheduler.activate(attention_only) is None
+
+
+class _KeepAll:
+    """A policy that offers nothing: every page the pool needs comes from the fallback."""
+
+    name = "keep-all"
+
+    def kv_priority(self, node, now):  # noqa: ANN001, ANN201
+        return None
+
+    def snapshot_priority(self, node, now):  # noqa: ANN001, ANN201
+        return None
+
+    def on_evict(self, priority):  # noqa: ANN001, ANN201
+        return None
+
+
+def test_fallback_takes_cached_blocks_in_vllms_lru_order() -> None:
+    """With nothing offered by the policy, get_new_blocks hands out what vLLM's own pool would:
+    the free queue's head, cached blocks included (their hashes dropped, the mirror in sync)."""
+    pools = []
+    for hybrid in (False, True):
+        pool = BlockPool(num_gpu_blocks=12, enable_caching=True, hash_block_size=B)
+        if hybrid:
+            mirror = PoolMirror(block_tokens=B, kv_groups=[KV], state_groups=[STATE], policy=None)
+            mirror.policy = _KeepAll()  # type: ignore[assignment]
+            pool = install(pool, mirror)
+        for name in ("a", "b"):
+            req = request(name, 3)
+            kv = pool.get_new_blocks(3)
+            pool.cache_full_blocks(req, kv, 0, 3, B, KV)
+            pool.free_blocks(reversed(kv))
+        pools.append(pool)
+    stock, ours = pools
+    for n in (3, 4, 2):  # uncached blocks first, then cached ones, the mirror in sync
+        got = [b.block_id for b in ours.get_new_blocks(n)]
+        assert got == [b.block_id for b in stock.get_new_blocks(n)]
+        ours.hy_check_integrity()
+    assert ours.hy_fallback_pages == 4 and ours.hy_policy_pages == 0

@@ -451,3 +451,68 @@ def test_a_child_cached_before_its_parent_becomes_live_with_it() -> None:
     mirror.drop_page(0)  # the parent goes: the child is dead again, a dead page first
     mirror.check_integrity()
     assert mirror.pick_victims(1, lambda p: True) == [1] and mirror.stats.dead_pages == 1
+
+
+@settings(max_examples=100, deadline=None)
+@given(OPS2, st.sampled_from(sorted(POLICIES)))
+def test_batched_use_events_equal_page_by_page(ops: list, policy: str) -> None:
+    """``pages_used``/``pages_freed`` (one call per engine operation, ``refs`` changed once per
+    node) leave the mirror as ``page_used``/``page_freed`` page by page do: same victims, same
+    refs and ranks; duplicates and uncached pages in a batch are fine."""
+    one, many = make(policy), make(policy)
+    one.use_free_events()
+    many.use_free_events()
+    pools = Pool(one), Pool(many)
+    for op, chain, x in ops:
+        if op == "tick":
+            one.tick()
+            many.tick()
+        elif op == "evict":
+            assert pools[0].evict(x % 7) == pools[1].evict(x % 7)
+        elif op in ("use", "release"):
+            cached = one.cached_pages()
+            pages = [cached[(x + i) % len(cached)] for i in range(x % 4)] if cached else []
+            pages += [5000 + x]  # an uncached page too
+            for pool in pools:
+                (pool.in_use.update if op == "use" else pool.in_use.difference_update)(pages)
+            for page in pages:
+                (one.page_used if op == "use" else one.page_freed)(page)
+            (many.pages_used if op == "use" else many.pages_freed)(pages + pages[:1])
+        else:
+            apply(one, pools[0], op, chain, x | 1)
+            apply(many, pools[1], op, chain, x | 1)
+        for mirror, pool in zip((one, many), pools):
+            mirror.check_integrity(pool.is_free)
+        assert {k: (e.node.refs, e.used, e.live) for k, e in one._entries.items()} == {
+            k: (e.node.refs, e.used, e.live) for k, e in many._entries.items()
+        }
+        assert one.free_pages() == many.free_pages()
+
+
+def test_add_says_whether_the_page_is_newly_cached() -> None:
+    mirror = make()
+    assert mirror.add(0, "a", KV, B, None) is True
+    assert mirror.add(0, "a", KV, B, None) is False  # again: nothing new
+    assert mirror.add(0, "x", KV, B, None) is False  # a second key on the same page
+    assert 0 in mirror.cached and list(mirror.cached) == mirror.cached_pages() == [0]
+    mirror.drop_page(0)
+    assert 0 not in mirror.cached and mirror.add(0, "a", KV, B, None) is True
+
+
+def test_refs_stop_at_the_first_node_that_stays_in_use() -> None:
+    """``refs`` counts a node's pages in use and its children in use: a change below a node
+    already in use does not walk further up, yet zero-ness is the whole subtree's."""
+    mirror = make()
+    mirror.use_free_events()
+    pool = Pool(mirror)
+    pages = pool.cache("abcd", used=True)
+    root_refs = mirror.root.refs
+    node = mirror.node_of("abcd")
+    assert node is not None and node.refs == 1
+    assert mirror.node_of("a").refs == 2  # its own page + child "ab" in use
+    mirror.pages_freed([pages["abcd", KV]])
+    assert node.refs == 0 and mirror.node_of("abc").refs == 1
+    assert mirror.root.refs == root_refs == 1
+    mirror.pages_freed([pages[c, KV] for c in ("a", "ab", "abc")])
+    assert mirror.root.refs == 0 and mirror.node_of("a").refs == 0
+    mirror.check_integrity(lambda p: True)

@@ -52,9 +52,11 @@ Invariants (asserted by :meth:`check_integrity`):
 3. Every group of every stored page is a KV group or a state group.
 4. ``pages_victimized`` counts every page :meth:`pick_victims` returned; none was in use.
 5. The live trie equals a from-scratch rebuild (:meth:`_reference_trie`): ``live``, parent,
-   ``children``/``partials``, ``has_snapshot``, and ``refs`` = in-use (page, group) pairs in
-   the live subtree; ``_kids``, ``_dead`` (entries not live), ``_dups`` ((key, group) with two
-   pages or more), ``used``/``used_state``, ``_n_live`` and ``_n_free`` match their definitions.
+   ``children``/``partials``, ``has_snapshot``, and ``refs`` = the entry's in-use (page, group)
+   pairs + its live children with ``refs > 0`` (the root: its children with ``refs > 0``), so
+   ``refs == 0`` iff no (page, group) in the live subtree is in use; ``_kids``, ``_dead``
+   (entries not live), ``_dups`` ((key, group) with two pages or more), ``used``/``used_state``,
+   ``_by_serial``, ``_n_live`` and ``_n_free`` match their definitions.
 6. Every evictable unit (KV: live, ``refs == 0``; snapshot: ``has_snapshot``, no state page in
    use) whose priority is not None has a heap item of its node's current version, or is dirty.
 7. In events mode ``_used`` holds exactly the pages in use; in callback mode it holds cached
@@ -75,7 +77,7 @@ IsFree = Callable[[int], bool]
 _KV, _SNAP = 0, 1
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Entry:
     """One key: the node the policy ranks, the engine pages holding it per group, and the
     incremental state: ``live``, in-use (page, group) pairs (``used``, of state groups
@@ -90,7 +92,9 @@ class _Entry:
     used_state: int = 0
 
 
-_Item = tuple[float, int, int, int, int, int, _Entry]  # prio, end, serial, kind, version, seq
+# prio, end, serial, kind, version: unique per (serial, kind, version), so two items never tie;
+# numbers only (the entry is found by its serial), so the garbage collector skips the heap.
+_Item = tuple[float, int, int, int, int]
 
 
 @dataclass
@@ -121,6 +125,7 @@ class PoolMirror:
         self.block_tokens = block_tokens
         self.kv_groups = frozenset(kv_groups)
         self.state_groups = frozenset(state_groups)
+        self._is_state = {g: False for g in self.kv_groups} | {g: True for g in self.state_groups}
         self.policy = policy
         self.kv_bytes_per_token = kv_bytes_per_token
         self.root = Node(None, None, 0, 0, 0)
@@ -128,13 +133,15 @@ class PoolMirror:
         self.stats = VictimStats()
         self._events = False
         self._used: set[int] = set()
-        self._serial = self._seq = 0
+        self._serial = 0
         self._reset()
 
     def _reset(self) -> None:
         self.root.children, self.root.partials, self.root.refs = {}, {}, 0
         self._entries: dict[Hashable, _Entry] = {}
+        self._by_serial: dict[int, _Entry] = {}  # the heap items' entries
         self._page_keys: dict[int, set[PageKey]] = {}
+        self.cached = self._page_keys.keys()  # read-only view: the cached pages
         self._kids: dict[Hashable, set[Hashable]] = {}  # parent key -> keys of its entries
         self._dead: set[Hashable] = set()
         self._dups: set[PageKey] = set()
@@ -159,22 +166,29 @@ class PoolMirror:
         end_tokens: int,
         parent_key: Hashable | None,
         origin: int = -1,
-    ) -> None:
+    ) -> bool:
         """The engine cached ``page`` under ``(key, group)``; ``key`` ends at ``end_tokens``.
-        ``origin``: the index of the request that computed it (``Node.origin``), if known."""
-        if group not in self.kv_groups and group not in self.state_groups:
+        ``origin``: the index of the request that computed it (``Node.origin``), if known.
+        Returns True if ``page`` held nothing before (it is newly cached)."""
+        is_state = self._is_state.get(group)
+        if is_state is None:
             raise ValueError(f"group {group} is neither a KV nor a state group")
-        self._victims.pop(page, None)
+        if self._victims:
+            self._victims.pop(page, None)
         entry = self._entries.get(key)
         if entry is None:
             entry = self._new_entry(key, end_tokens, parent_key)
             entry.node.origin = origin
+        newly_cached = page not in self._page_keys
         if self._link(page, key, group, entry):
             self._group_added(entry, group)
-        if group in self.state_groups:
-            entry.node.snap_access = self.now
-        entry.node.last_access = self.now
-        self._mark(entry)
+        node = entry.node
+        if is_state:
+            node.snap_access = self.now
+        node.last_access = self.now
+        node.version += 1  # _mark, inlined (hot)
+        self._dirty[entry.serial] = entry
+        return newly_cached
 
     def _new_entry(self, key: Hashable, end: int, parent_key: Hashable | None) -> _Entry:
         if end <= 0:
@@ -186,7 +200,11 @@ class PoolMirror:
         self._serial += 1
         entry = _Entry(node, parent_key, self._serial)
         self._entries[key] = entry
-        self._kids.setdefault(parent_key, set()).add(key)
+        self._by_serial[entry.serial] = entry
+        kids = self._kids.get(parent_key)
+        if kids is None:
+            kids = self._kids[parent_key] = set()
+        kids.add(key)
         self._dead.add(key)
         return entry
 
@@ -195,8 +213,8 @@ class PoolMirror:
         a victim of the last :meth:`pick_victims`, what it held before that call dropped it)."""
         held = self._page_keys.get(page)
         if not held:
-            return self._victims.pop(page, [])
-        out = sorted(held, key=repr)
+            return self._victims.pop(page, []) if self._victims else []
+        out = list(held) if len(held) == 1 else sorted(held, key=repr)
         for key, group in out:
             entry = self._entries[key]
             if self._unlink(page, key, group, entry):
@@ -220,25 +238,35 @@ class PoolMirror:
 
     def touch_pages(self, pages: Iterable[int]) -> None:
         """A request hit these pages (now in use): one use per key and kind (KV, snapshot)."""
-        kv_keys: set[Hashable] = set()
-        snap_keys: set[Hashable] = set()
+        kv_keys: dict[Hashable, None] = {}  # ordered: marks in a deterministic order
+        snap_keys: dict[Hashable, None] = {}
+        page_keys, used, is_state = self._page_keys, self._used, self._is_state
+        newly_used: list[int] = []
         for page in pages:
-            held = self._page_keys.get(page)
+            held = page_keys.get(page)
             if held is None:
                 continue
-            self._set_used(page, True)
+            if page not in used:
+                newly_used.append(page)
             for key, group in held:
-                (kv_keys if group in self.kv_groups else snap_keys).add(key)
+                (snap_keys if is_state[group] else kv_keys)[key] = None
+        if newly_used:
+            self._set_many(newly_used, True)
+        now, entries, dirty = self.now, self._entries, self._dirty
         for key in kv_keys:
-            entry = self._entries[key]
-            entry.node.last_access = self.now
-            entry.node.hits += 1
-            self._mark(entry)
+            entry = entries[key]
+            node = entry.node
+            node.last_access = now
+            node.hits += 1
+            node.version += 1
+            dirty[entry.serial] = entry
         for key in snap_keys:
-            entry = self._entries[key]
-            entry.node.snap_access = self.now
-            entry.node.snap_hits += 1
-            self._mark(entry)
+            entry = entries[key]
+            node = entry.node
+            node.snap_access = now
+            node.snap_hits += 1
+            node.version += 1
+            dirty[entry.serial] = entry
 
     def use_free_events(self, in_use: Iterable[int] = ()) -> None:
         """From now on the engine reports every page's change of free state (cached or not)
@@ -257,6 +285,32 @@ class PoolMirror:
         """The engine released ``page`` (its ``ref_cnt`` went to 0); idempotent."""
         self._set_used(page, False)
 
+    def pages_used(self, pages: Iterable[int]) -> None:
+        """:meth:`page_used` of each page, in one call (the adapter's batch per allocation)."""
+        used, page_keys = self._used, self._page_keys
+        cached: list[int] = []
+        for page in pages:
+            if page not in used:
+                if page in page_keys:
+                    cached.append(page)
+                elif self._events:  # callback mode tracks cached pages only
+                    used.add(page)
+        if cached:
+            self._set_many(cached, True)
+
+    def pages_freed(self, pages: Iterable[int]) -> None:
+        """:meth:`page_freed` of each page, in one call (the adapter's batch per release)."""
+        used, page_keys = self._used, self._page_keys
+        cached: list[int] = []
+        for page in pages:
+            if page in used:
+                if page in page_keys:
+                    cached.append(page)
+                else:
+                    used.discard(page)
+        if cached:
+            self._set_many(cached, False)
+
     # ----------------------------------------------------------------- queries
     def keys_of(self, page: int) -> set[PageKey]:
         return set(self._page_keys.get(page, ()))
@@ -268,6 +322,7 @@ class PoolMirror:
 
     def holds(self, page: int) -> bool:
         return page in self._page_keys
+
 
     def cached_pages(self) -> list[int]:
         return list(self._page_keys)
@@ -292,12 +347,14 @@ class PoolMirror:
         out: list[int] = []
         if n_pages <= 0:
             return out
-        self._victims.clear()
+        if self._victims:
+            self._victims.clear()
         if not self._events:
             self._sync(is_free)
-        out.extend(self._dead_or_duplicate(is_free))  # all of them: nothing can hit them
-        for page in out:
-            self._victims[page] = self.drop_page(page)
+        if self._dead or self._dups:
+            out.extend(self._dead_or_duplicate(is_free))  # all of them: nothing can hit them
+            for page in out:
+                self._victims[page] = self.drop_page(page)
         if len(out) < n_pages:
             self._pick_units(n_pages, out, is_free)
         assert all(is_free(p) for p in out), "inv 4: a victim page is in use"
@@ -365,9 +422,42 @@ class PoolMirror:
         for key, group in held:
             self._count_used(self._entries[key], group, 1 if used else -1)
 
+    def _set_many(self, pages: list[int], used: bool) -> None:
+        """:meth:`_set_used` of cached pages, all the same way (a page already so is skipped):
+        the use counts first, then one ``refs`` change per live node (all of one sign, so a
+        node reaches or leaves 0 exactly when page-by-page changes would have it do so, and
+        is re-ranked the same)."""
+        delta = 1 if used else -1
+        used_set, page_keys, entries = self._used, self._page_keys, self._entries
+        is_state, dirty = self._is_state, self._dirty
+        deltas: dict[Node, int] = {}
+        for page in pages:
+            if used:
+                if page in used_set:
+                    continue  # listed twice
+                used_set.add(page)
+            else:
+                if page not in used_set:
+                    continue
+                used_set.discard(page)
+            self._n_free -= delta
+            for key, group in page_keys[page]:
+                entry = entries[key]
+                entry.used += delta
+                if is_state[group]:
+                    entry.used_state += delta
+                    if entry.used_state == 0:  # its snapshot may go again (_mark, inlined)
+                        entry.node.version += 1
+                        dirty[entry.serial] = entry
+                if entry.live:
+                    node = entry.node
+                    deltas[node] = deltas.get(node, 0) + delta
+        for node, d in deltas.items():
+            self._add_refs(node, d)
+
     def _count_used(self, entry: _Entry, group: int, delta: int) -> None:
         entry.used += delta
-        if group in self.state_groups:
+        if self._is_state[group]:
             entry.used_state += delta
             if entry.used_state == 0:
                 self._mark(entry)  # its snapshot may go again
@@ -375,18 +465,28 @@ class PoolMirror:
             self._add_refs(entry.node, delta)
 
     def _add_refs(self, node: Node | None, delta: int) -> None:
-        """``refs += delta`` on ``node`` and its ancestors. A node reaching 0 is re-ranked; so
-        is a leaf with a snapshot leaving 0 (a policy may offer a leaf's state alone while its
-        KV is in use, as flop does; other nodes in use have no valid unit to re-rank)."""
-        if delta == 0:
-            return
-        while node is not None:
+        """``refs += delta`` on ``node``, then on its ancestors as long as one flips between 0
+        and not 0 (``refs`` counts the node's in-use pages and its children with ``refs > 0``:
+        inv 5), so a change deep in a path in use stops at once. A node reaching 0 is
+        re-ranked; so is a leaf with a snapshot leaving 0 (a policy may offer a leaf's state
+        alone while its KV is in use, as flop does; other nodes in use have no valid unit to
+        re-rank). Zero-ness is that of the in-use count of the whole subtree, so the nodes
+        re-ranked are those a sum over the subtree would re-rank."""
+        root, entries, dirty = self.root, self._entries, self._dirty
+        while node is not None and delta:
             was_free = node.refs == 0
             node.refs += delta
-            if node is not self.root and (
-                node.refs == 0 or (was_free and node.is_leaf and node.has_snapshot)
+            now_free = node.refs == 0
+            if node is not root and (
+                now_free
+                or (was_free and node.has_snapshot and not node.children and not node.partials)
             ):
-                self._mark(self._entries[node.key])
+                entry = entries[node.key]  # _mark, inlined (hot)
+                node.version += 1
+                dirty[entry.serial] = entry
+            if was_free == now_free:
+                return
+            delta = 1 if was_free else -1  # the parent gained or lost a child in use
             node = node.parent
 
     def _sync(self, is_free: IsFree) -> None:
@@ -405,20 +505,20 @@ class PoolMirror:
 
     # ----------------------------------------------------------------- the live trie
     def _group_added(self, entry: _Entry, group: int) -> None:
-        if group in self.state_groups:
-            entry.node.has_snapshot = all(g in entry.pages for g in self.state_groups)
+        if self._is_state[group]:
+            entry.node.has_snapshot = entry.pages.keys() >= self.state_groups
         elif not entry.live and self._can_live(entry):
             self._attach(entry)
 
     def _group_removed(self, entry: _Entry, group: int) -> None:
-        if group in self.state_groups:
+        if self._is_state[group]:
             entry.node.has_snapshot = False
             self._mark(entry)
         elif entry.live:
             self._detach(entry)
 
     def _can_live(self, entry: _Entry) -> bool:
-        if not all(g in entry.pages for g in self.kv_groups):
+        if not entry.pages.keys() >= self.kv_groups:
             return False
         if entry.parent_key is None:
             return True
@@ -436,7 +536,7 @@ class PoolMirror:
             if node.n_tokens == self.block_tokens:
                 parent.children[node.key] = node
                 kids = (self._entries[k] for k in self._kids.get(node.key, ()))
-                stack.extend(k for k in kids if all(g in k.pages for g in self.kv_groups))
+                stack.extend(k for k in kids if k.pages.keys() >= self.kv_groups)
             else:
                 parent.partials.setdefault(node.n_tokens, {})[node.key] = node
             entry.live = True
@@ -446,8 +546,10 @@ class PoolMirror:
             self._mark(entry)
         for entry in reversed(order[1:]):  # children before parents
             assert entry.node.parent is not None
-            entry.node.parent.refs += entry.node.refs
-        self._add_refs(top.node.parent, top.node.refs)
+            if entry.node.refs:
+                entry.node.parent.refs += 1
+        if top.node.refs:
+            self._add_refs(top.node.parent, 1)
         self._mark_parent(top.node)
 
     def _detach(self, top: _Entry) -> None:
@@ -461,16 +563,20 @@ class PoolMirror:
             del parent.partials[node.n_tokens][node.key]
             if not parent.partials[node.n_tokens]:
                 del parent.partials[node.n_tokens]
-        self._add_refs(parent, -node.refs)
+        if node.refs:
+            self._add_refs(parent, -1)
         self._mark_parent(node)
         stack = [node]
+        entries, dead = self._entries, self._dead
         while stack:
             walk = stack.pop()
-            stack.extend(walk.iter_children())
-            self._entries[walk.key].live = False
-            self._dead.add(walk.key)
+            if walk.children or walk.partials:
+                stack.extend(walk.iter_children())
+                walk.children, walk.partials = {}, {}
+            entries[walk.key].live = False
+            dead.add(walk.key)
             self._n_live -= 1
-            walk.children, walk.partials, walk.parent, walk.refs = {}, {}, None, 0
+            walk.parent, walk.refs = None, 0
             walk.version += 1
 
     def _mark_parent(self, node: Node) -> None:
@@ -487,6 +593,7 @@ class PoolMirror:
             del self._kids[entry.parent_key]
         self._dead.discard(key)
         self._dirty.pop(entry.serial, None)
+        del self._by_serial[entry.serial]
 
     # ----------------------------------------------------------------- ranking
     def _mark(self, entry: _Entry) -> None:
@@ -495,47 +602,52 @@ class PoolMirror:
         self._dirty[entry.serial] = entry
 
     def _flush(self) -> None:
-        dirty, self._dirty = self._dirty, {}
-        for entry in dirty.values():
-            if entry.live:
-                self._push(entry)
-
-    def _push(self, entry: _Entry) -> None:
-        node = entry.node
-        if node.refs == 0:
-            prio = self.policy.kv_priority(node, self.now)
-            if prio is not None:
-                self._push_item(prio, _KV, entry)
-        if node.has_snapshot and entry.used_state == 0:
-            prio = self.policy.snapshot_priority(node, self.now)
-            if prio is not None:
-                self._push_item(prio, _SNAP, entry)
-
-    def _push_item(self, prio: float, kind: int, entry: _Entry) -> None:
-        self._seq += 1
-        node = entry.node
-        item = (prio, node.end_tokens, entry.serial, kind, node.version, self._seq, entry)
-        heapq.heappush(self._heap, item)
-        if len(self._heap) > 4 * (self._n_live + 1024):
-            self._heap = [i for i in self._heap if self._valid(i)]
+        """Rank every dirty entry that is live: push a heap item per evictable unit (KV:
+        ``refs == 0``; snapshot: no state page in use) whose priority is not None."""
+        dirty = self._dirty
+        if not dirty:
+            return
+        self._dirty = {}
+        heap, now, push = self._heap, self.now, heapq.heappush
+        kv_priority, snapshot_priority = self.policy.kv_priority, self.policy.snapshot_priority
+        for serial, entry in dirty.items():  # KV before snapshot, entries in marking order
+            if not entry.live:
+                continue
+            node = entry.node
+            if node.refs == 0:
+                prio = kv_priority(node, now)
+                if prio is not None:
+                    push(heap, (prio, node.end_tokens, serial, _KV, node.version))
+            if node.has_snapshot and entry.used_state == 0:
+                prio = snapshot_priority(node, now)
+                if prio is not None:
+                    push(heap, (prio, node.end_tokens, serial, _SNAP, node.version))
+        if len(heap) > 4 * (self._n_live + 1024):  # compact: drop the stale items
+            by_serial = self._by_serial
+            self._heap = [i for i in heap if self._valid(i, by_serial.get(i[2]))]
             heapq.heapify(self._heap)
 
     @staticmethod
-    def _valid(item: _Item) -> bool:
-        kind, version, entry = item[3], item[4], item[6]
-        node = entry.node
-        if not entry.live or version != node.version:
+    def _valid(item: _Item, entry: _Entry | None) -> bool:
+        """``item`` (of ``entry``, the entry of its serial, if any) still ranks a unit."""
+        if entry is None or not entry.live:
             return False
-        if kind == _KV:
+        node = entry.node
+        if item[4] != node.version:
+            return False
+        if item[3] == _KV:
             return node.refs == 0
         return node.has_snapshot and entry.used_state == 0
 
-    def _pop_valid(self) -> _Item | None:
+    def _pop_valid(self) -> tuple[_Item, _Entry] | None:
         self._flush()
-        while self._heap:
-            item = heapq.heappop(self._heap)
-            if self._valid(item):
-                return item
+        heap, by_serial, pop, valid = self._heap, self._by_serial, heapq.heappop, self._valid
+        while heap:
+            item = pop(heap)
+            entry = by_serial.get(item[2])
+            if valid(item, entry):
+                assert entry is not None
+                return item, entry
         return None
 
     # ----------------------------------------------------------------- picking
@@ -565,16 +677,18 @@ class PoolMirror:
 
     def _pick_units(self, n_pages: int, out: list[int], is_free: IsFree) -> None:
         taken = set(out)
+        hook = getattr(self.policy, "on_evicted", None)  # optional (core/policy.py)
         while len(out) < n_pages:
-            item = self._pop_valid()
-            if item is None:
+            popped = self._pop_valid()
+            if popped is None:
                 break
-            prio, kind, entry = item[0], item[3], item[6]
+            (prio, _, _, kind, _), entry = popped
             pages = self._unit_pages(entry, kind)
             if not all(self._free(p, is_free) for p in pages):
                 continue  # the mirror had missed a use: the unit waits until it is free
             self.policy.on_evict(prio)
-            self._notify_evicted(entry.node, kind == _SNAP, self._n_live)
+            if hook is not None:  # as PrefixIndex calls it: before the unit goes
+                hook(entry.node, kind == _SNAP, self._n_live)  # live entries, not units
             if kind == _SNAP:
                 self.stats.snapshot_units += 1
             else:
@@ -584,19 +698,15 @@ class PoolMirror:
             out.extend(p for p in pages if p not in taken)
             taken.update(pages)
 
-    def _notify_evicted(self, node: Node, snapshot_only: bool, live_entries: int) -> None:
-        """The optional ``on_evicted`` hook of ``core/policy.py``, as ``PrefixIndex`` calls it
-        (before the unit goes); ``live_entries`` counts live entries, not KV + snapshots."""
-        hook = getattr(self.policy, "on_evicted", None)
-        if hook is not None:
-            hook(node, snapshot_only, live_entries)
-
     def _unit_pages(self, entry: _Entry, kind: int) -> list[int]:
         """A snapshot unit's state pages, or a KV unit's pages (all groups, whole subtree),
         top first."""
         if kind == _SNAP:
             pages = entry.pages
             return sorted(p for g in self.state_groups if g in pages for p in pages[g])
+        node = entry.node
+        if not node.children and not node.partials:  # a leaf (the usual unit)
+            return list(dict.fromkeys(sorted(p for ps in entry.pages.values() for p in ps)))
         out: dict[int, None] = {}
         stack = [entry.node]
         while stack:
@@ -662,6 +772,8 @@ class PoolMirror:
             for key, group in held:
                 assert (page, key, group) in seen, f"inv 1: page {page} -> {key!r} not mirrored"
         assert sum(len(k) for k in self._kids.values()) == len(self._entries), "inv 5: _kids"
+        by_serial = {e.serial: e for e in self._entries.values()}
+        assert self._by_serial == by_serial, "inv 5: _by_serial"
         assert self._events or self._used <= self._page_keys.keys(), "inv 7: _used uncached"
         n_free = sum(p not in self._used for p in self._page_keys)
         assert self._n_free == n_free, f"inv 5: _n_free {self._n_free} != {n_free}"
@@ -681,20 +793,23 @@ class PoolMirror:
             assert entry.live == (key in ref), f"inv 5: live {key!r}"
             if key not in ref:
                 continue
-            pk, snap, refs = ref[key]
+            pk, snap, in_use = ref[key]
             parent = self.root if pk is None else self._entries[pk].node
             assert node.parent is parent, f"inv 5: parent of {node!r}"
-            assert (node.has_snapshot, node.refs) == (snap, refs), f"inv 5: {node!r} != {ref[key]}"
+            assert node.has_snapshot == snap, f"inv 5: {node!r} != {ref[key]}"
+            assert (node.refs == 0) == (in_use == 0), f"inv 5: {node!r} != {ref[key]}"
             kids.setdefault(pk, set()).add(key)
         for key in [None, *ref]:
             node = self.root if key is None else self._entries[key].node
             got = {k.key for k in node.iter_children()}
             assert got == kids.get(key, set()), f"inv 5: children of {node!r}"
-        top = sum(ref[k][2] for k in kids.get(None, ()))
-        assert self.root.refs == top, f"inv 5: root refs {self.root.refs} != {top}"
+            own = 0 if key is None else self._entries[key].used
+            busy = sum(ref[k][2] > 0 for k in got)
+            assert node.refs == own + busy, f"inv 5: refs of {node!r} != {own} + {busy}"
 
     def _check_heap(self) -> None:
-        queued = {(i[3], i[6].serial) for i in self._heap if self._valid(i)}
+        by_serial = self._by_serial
+        queued = {(i[3], i[2]) for i in self._heap if self._valid(i, by_serial.get(i[2]))}
         for entry in self._entries.values():
             node = entry.node
             if not entry.live or entry.serial in self._dirty:

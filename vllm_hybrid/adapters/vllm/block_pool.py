@@ -48,6 +48,7 @@ class HybridBlockPool(BlockPool):
     """Never constructed directly: :func:`install` swaps the class of vLLM's pool instance."""
 
     _hy_mirror: PoolMirror
+    _hy_group_of: dict[bytes, int]  # the last 4 bytes of a BlockHashWithGroupId -> group id
     _hy_request: Any
     _hy_quiet: bool
     hy_policy_pages: int
@@ -86,12 +87,19 @@ class HybridBlockPool(BlockPool):
         request = self._hy_request
         if request is None or num_tokens is None:
             raise RuntimeError("vllm-hybrid: a block hash was inserted outside a known caller")
-        key = get_block_hash(block_hash_with_group_id)
-        parent = self._hy_parent_key(request, num_tokens)
-        group = get_group_id(block_hash_with_group_id)
-        newly_cached = not self._hy_mirror.holds(block.block_id)
-        origin = self.hy_origin.get(request.request_id, -1)
-        self._hy_mirror.add(block.block_id, key, group, num_tokens, parent, origin)
+        # get_group_id through a table of the groups' 4-byte suffixes (an unknown group falls
+        # back to vLLM's decoding, and the mirror refuses it)
+        group = self._hy_group_of.get(block_hash_with_group_id[-4:])
+        if group is None:
+            group = get_group_id(block_hash_with_group_id)
+        newly_cached = self._hy_mirror.add(
+            block.block_id,
+            get_block_hash(block_hash_with_group_id),
+            group,
+            num_tokens,
+            self._hy_parent_key(request, num_tokens),
+            self.hy_origin.get(request.request_id, -1),
+        )
         if newly_cached:
             self.hy_pages.on_cached(group)
 
@@ -105,8 +113,10 @@ class HybridBlockPool(BlockPool):
     def _remove_cached_block_hashes(self, block: KVCacheBlock) -> list[BlockHashWithGroupId]:
         removed = super()._remove_cached_block_hashes(block)
         if not self._hy_quiet:
-            for group in {g for _, g in self._hy_mirror.drop_page(block.block_id)}:
-                self.hy_pages.on_dropped(group)
+            dropped = self._hy_mirror.drop_page(block.block_id)
+            if dropped:
+                for group in {g for _, g in dropped}:
+                    self.hy_pages.on_dropped(group)
         return removed
 
     def move_block_hashes(self, src_block: KVCacheBlock, dst_block: KVCacheBlock) -> None:
@@ -119,7 +129,7 @@ class HybridBlockPool(BlockPool):
 
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
         super().touch(blocks)
-        self._hy_mirror.touch_pages(b.block_id for b in blocks if not b.is_null)
+        self._hy_mirror.touch_pages([b.block_id for b in blocks if not b.is_null])
 
     def reset_prefix_cache(self) -> bool:
         done = super().reset_prefix_cache()
@@ -132,9 +142,6 @@ class HybridBlockPool(BlockPool):
     def _hy_is_free(self, page: int) -> bool:
         return self.blocks[page].ref_cnt == 0
 
-    def _hy_free_cached(self) -> int:
-        return self._hy_mirror.free_pages()
-
     # Every ref_cnt change 0 <-> 1 of a pool block goes through get_new_blocks, touch (both
     # 0 -> 1), free_blocks and unpin_blocks (-> 0); vLLM's other increments (MambaManager's
     # copy-on-write) are on blocks already in use. The mirror keeps the free cached pages and
@@ -142,7 +149,10 @@ class HybridBlockPool(BlockPool):
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         blocks = list(ordered_blocks)  # callers pass generators (reversed(...))
         super().free_blocks(blocks)
-        self._hy_released(blocks)
+        # _hy_released, inlined (hot: vLLM frees one or two blocks per call, ~20 calls a step)
+        self._hy_mirror.pages_freed(
+            [b.block_id for b in blocks if not b.ref_cnt and (b.pool is self or b.pool is None)]
+        )
 
     def unpin_blocks(self, blocks: Iterable[KVCacheBlock], *args: Any, **kwargs: Any) -> Any:
         blocks = list(blocks)
@@ -150,28 +160,46 @@ class HybridBlockPool(BlockPool):
         self._hy_released(blocks)
         return out
 
-    def _hy_released(self, blocks: Iterable[KVCacheBlock]) -> None:
-        for block in blocks:
-            if block.ref_cnt == 0 and not block.is_null and block.pool in (None, self):
-                self._hy_mirror.page_freed(block.block_id)
+    def _hy_released(self, blocks: list[KVCacheBlock]) -> None:
+        # One batch per call. The null block (its ref_cnt is not maintained) is never cached,
+        # and the mirror ignores an uncached page it believes free, so no is_null check here.
+        self._hy_mirror.pages_freed(
+            [b.block_id for b in blocks if not b.ref_cnt and (b.pool is self or b.pool is None)]
+        )
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """As vLLM's, but cached blocks are reused in the policy's order, not LRU order."""
-        if num_blocks > self.get_num_free_blocks():
+        queue, mirror = self.free_block_queue, self._hy_mirror
+        n_free = queue.num_free_blocks
+        if num_blocks > n_free:
             raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
-        shortfall = num_blocks - (self.get_num_free_blocks() - self._hy_free_cached())
-        if shortfall > 0:
-            self._hy_evict(shortfall)
-        ret = self._hy_pop(num_blocks)
+        uncached = n_free - mirror.free_pages()
+        if num_blocks > uncached:
+            self._hy_evict(num_blocks - uncached)
+            uncached = queue.num_free_blocks - mirror.free_pages()
+        # Uncached blocks first (vLLM keeps them, and our victims, at the head of the queue),
+        # cached ones in LRU order only as a fallback (counted in hy_fallback_pages).
+        take_cached = max(0, num_blocks - uncached)
+        self.hy_fallback_pages += take_cached
+        ret = queue.popleft_n(num_blocks)
+        ids = [block.block_id for block in ret]
+        if not mirror.cached.isdisjoint(ids):
+            ret = self._hy_pop_rest(ret, num_blocks, take_cached)
+            ids = [block.block_id for block in ret]
         if self._reuse_watchers:
             self._notify_reuse(ret)
+        collector = self.metrics_collector
+        by_block = self.cached_block_hashes_by_block
         for block in ret:  # as vLLM's get_new_blocks with caching on
-            self._maybe_evict_cached_block(block)
+            # _maybe_evict_cached_block is a no-op on a block without hashes (the policy's
+            # victims lost theirs in _hy_evict) unless a metrics collector wants to hear of it.
+            if collector or block.block_hash is not None or block.block_id in by_block:
+                self._maybe_evict_cached_block(block)
             assert block.ref_cnt == 0
             block.ref_cnt += 1
-            self._hy_mirror.page_used(block.block_id)
-            if self.metrics_collector:
-                self.metrics_collector.on_block_allocated(block)
+            if collector:
+                collector.on_block_allocated(block)
+        mirror.pages_used(ids)
         return ret
 
     def _hy_evict(self, shortfall: int) -> None:
@@ -211,23 +239,33 @@ class HybridBlockPool(BlockPool):
             now.snapshot_units - before.snapshot_units,
         )
 
-    def _hy_pop(self, num_blocks: int) -> list[KVCacheBlock]:
-        """``num_blocks`` from the queue head: uncached first, then LRU cached as a fallback."""
-        uncached = self.get_num_free_blocks() - self._hy_free_cached()
-        take_cached = max(0, num_blocks - uncached)
-        self.hy_fallback_pages += take_cached
+    def _hy_pop_rest(
+        self, head: list[KVCacheBlock], num_blocks: int, take_cached: int
+    ) -> list[KVCacheBlock]:
+        """``head`` (popped from the queue) holds a cached block: take the blocks as popping
+        one at a time would: uncached blocks, cached ones only for the fallback
+        (``take_cached``), the cached ones passed over go back to the tail."""
+        queue, holds = self.free_block_queue, self._hy_mirror.holds
         ret: list[KVCacheBlock] = []
         skipped: list[KVCacheBlock] = []
-        while len(ret) < num_blocks:
-            block = self.free_block_queue.popleft()
-            if not self._hy_mirror.holds(block.block_id):
+        for block in head:
+            if not holds(block.block_id):
                 ret.append(block)
             elif take_cached > 0:
                 take_cached -= 1
                 ret.append(block)
             else:
                 skipped.append(block)
-        self.free_block_queue.append_n(skipped)
+        while len(ret) < num_blocks:
+            block = queue.popleft()
+            if not holds(block.block_id):
+                ret.append(block)
+            elif take_cached > 0:
+                take_cached -= 1
+                ret.append(block)
+            else:
+                skipped.append(block)
+        queue.append_n(skipped)
         return ret
 
     # ---------------------------------------------------------------- debug checks
@@ -276,6 +314,9 @@ def install(pool: BlockPool, mirror: PoolMirror) -> HybridBlockPool:
     pool.__class__ = HybridBlockPool
     hybrid: HybridBlockPool = pool  # type: ignore[assignment]
     hybrid._hy_mirror = mirror
+    hybrid._hy_group_of = {
+        g.to_bytes(4, "big", signed=False): g for g in mirror.kv_groups | mirror.state_groups
+    }
     mirror.use_free_events(b.block_id for b in pool.blocks if b.ref_cnt > 0 and not b.is_null)
     hybrid._hy_request = None
     hybrid._hy_quiet = False
