@@ -481,7 +481,7 @@ def test_batched_use_events_equal_page_by_page(ops: list, policy: str) -> None:
         else:
             apply(one, pools[0], op, chain, x | 1)
             apply(many, pools[1], op, chain, x | 1)
-        for mirror, pool in zip((one, many), pools):
+        for mirror, pool in zip((one, many), pools, strict=True):
             mirror.check_integrity(pool.is_free)
         assert {k: (e.node.refs, e.used, e.live) for k, e in one._entries.items()} == {
             k: (e.node.refs, e.used, e.live) for k, e in many._entries.items()

@@ -323,7 +323,6 @@ class PoolMirror:
     def holds(self, page: int) -> bool:
         return page in self._page_keys
 
-
     def cached_pages(self) -> list[int]:
         return list(self._page_keys)
 
@@ -523,27 +522,38 @@ class PoolMirror:
         if entry.parent_key is None:
             return True
         parent = self._entries.get(entry.parent_key)
-        return parent is not None and parent.live and parent.node.n_tokens == self.block_tokens
+        if parent is None or not parent.live:
+            return False
+        node = parent.node
+        return node.end_tokens - node.start_tokens == self.block_tokens  # a full block
 
     def _attach(self, top: _Entry) -> None:
         """``top`` (whose parent is live) becomes live, with every entry below it that can."""
         order, stack = [], [top]
+        entries, all_kids, dead, dirty = self._entries, self._kids, self._dead, self._dirty
+        b, kv_groups = self.block_tokens, self.kv_groups
         while stack:
             entry = stack.pop()
             node = entry.node
-            parent = self.root if entry.parent_key is None else self._entries[entry.parent_key].node
+            key = node.key
+            parent = self.root if entry.parent_key is None else entries[entry.parent_key].node
             node.parent, node.refs = parent, entry.used
-            if node.n_tokens == self.block_tokens:
-                parent.children[node.key] = node
-                kids = (self._entries[k] for k in self._kids.get(node.key, ()))
-                stack.extend(k for k in kids if k.pages.keys() >= self.kv_groups)
+            n_tokens = node.end_tokens - node.start_tokens
+            if n_tokens == b:
+                parent.children[key] = node
+                kids = all_kids.get(key)
+                if kids:
+                    stack.extend(
+                        k for k in map(entries.__getitem__, kids) if k.pages.keys() >= kv_groups
+                    )
             else:
-                parent.partials.setdefault(node.n_tokens, {})[node.key] = node
+                parent.partials.setdefault(n_tokens, {})[key] = node
             entry.live = True
-            self._dead.discard(node.key)
+            dead.discard(key)
             self._n_live += 1
             order.append(entry)
-            self._mark(entry)
+            node.version += 1  # _mark, inlined
+            dirty[entry.serial] = entry
         for entry in reversed(order[1:]):  # children before parents
             assert entry.node.parent is not None
             if entry.node.refs:
