@@ -32,6 +32,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from vllm_hybrid.core.breakpoints import common_prefix_tokens
+
 REASONS = (
     "full_hit",
     "no_snapshot",
@@ -117,7 +119,7 @@ class ReuseHistory:
         diverges = seen_any
         earlier = self._prompts.get(last) if last is not None else None
         if earlier is not None:
-            diverges = _common_prefix(tokens, earlier)
+            diverges = common_prefix_tokens(tokens, earlier)
         report: dict[str, object] = {
             "prompt_tokens": prompt_tokens,
             "hit_tokens": hit_tokens,
@@ -159,11 +161,3 @@ class ReuseHistory:
         if diverges > 0:
             report["diverges_at_token"] = diverges
         return report
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i

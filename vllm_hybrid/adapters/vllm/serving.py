@@ -245,7 +245,11 @@ class HybridServingMiddleware:
         pin = result.get("pin") or {}
         usage = answer.get("usage") or {}
         if not pin.get("pinned"):
-            message = pin.get("message") or result.get("error") or "the engine took no pin"
+            message = (
+                pin.get("message")
+                or result.get("error")
+                or "the engine took no pin (is the server started with --enable-prefix-caching?)"
+            )
             return await _send_json(send, 400, _error(f"prewarm: {message}"))
         details = usage.get("prompt_tokens_details") or {}
         await _send_json(
