@@ -199,3 +199,24 @@ def test_engine_restart_in_process_rebuilds_the_cache_empty(model_root, referenc
             assert llm.llm_engine.engine_core.engine_core.scheduler.hybrid_checks > 0
     assert hits[0] == hits[2] == [0, 0], f"each engine starts empty: {hits}"
     assert all(h > 0 for h in hits[1] + hits[3]), f"and fills: {hits}"
+
+
+@pytest.mark.slow  # two server starts and half a minute of traffic: ~3-5 min on 2 cores
+def test_short_soak(model_root, tmp_path):
+    """``tools/soak.py`` for half a minute: no error, no mismatch with caching off."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "soak", Path(__file__).resolve().parents[2] / "tools" / "soak.py"
+    )
+    soak = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(soak)
+    out = tmp_path / "soak.json"
+    argv = ["--minutes", "0.5", "--clients", "3", "--sample-every", "5"]
+    argv += ["--models", str(model_root), "--logs", str(tmp_path), "--json", str(out)]
+    assert soak.main(argv) == 0
+    report = json.loads(out.read_text())
+    assert report["requests"] > 10 and report["errors"] == report["mismatches"] == 0
+    assert report["compared"] == report["ok"] == report["requests"]
+    assert report["counters"]["vllm_hybrid:policy_evicted_pages_total"] > 0  # eviction ran
+    assert report["cached_tokens"] > 0 and report["salted_requests"] > 0
