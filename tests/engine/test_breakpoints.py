@@ -287,7 +287,8 @@ def scrape(server) -> dict[str, float]:
 
 
 def test_offline_llm_breakpoints_prewarm_and_oracle(model_root):
-    """``LLM(...)``: breakpoints in ``SamplingParams.extra_args``, ``prewarm(llm, ...)``, a pin
+    """``LLM(...)`` on a 48-block pool: breakpoints in ``SamplingParams.extra_args``;
+    ``prewarm(llm, ...)`` pins a prefix that survives a churn evicting an unpinned twin; a pin
     over the limit refused; greedy outputs == an engine with prefix caching off."""
     import random
 
@@ -298,8 +299,9 @@ def test_offline_llm_breakpoints_prewarm_and_oracle(model_root):
     draw = lambda n: [rng.randrange(10, 1000) for _ in range(n)]  # noqa: E731
     prefix = draw(600)
     prompts = [prefix + draw(300) for _ in range(3)]
-    warm = draw(700)
-    prompts.append(warm + draw(50))
+    warm, twin = draw(700), draw(700)
+    prompts += [warm + draw(50), twin + draw(50)]
+    churn = [draw(900) for _ in range(6)]  # ~60 blocks through a 48-block pool
 
     def run(llm, prompt, **extra):
         params = vllm.SamplingParams(
@@ -308,24 +310,28 @@ def test_offline_llm_breakpoints_prewarm_and_oracle(model_root):
         (out,) = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
         return out.num_cached_tokens, list(out.outputs[0].token_ids)
 
-    # 8 pages: the 700-token prewarm (5 KV + 3 state pages) fits exactly, nothing more does.
-    settings = {"vllm_hybrid": {"max_pinned_fraction": 0.004, "debug": True}}
+    # 8 of 48 pages: the 700-token prewarm (5 KV + 3 state pages) fits exactly, nothing more.
+    settings = {"vllm_hybrid": {"max_pinned_fraction": 0.17, "debug": True}}
+    pool = {"num_gpu_blocks_override": 48, "max_model_len": 2048}
     model_dir = tiny_model_dir("zamba2", model_root)
-    with engine(model_dir, enable_prefix_caching=True, additional_config=settings) as llm:
+    with engine(model_dir, enable_prefix_caching=True, additional_config=settings, **pool) as llm:
         got = [run(llm, prompts[0], cache_breakpoints=[600])]
         got += [run(llm, p) for p in prompts[1:3]]
-        pin = prewarm(llm, warm, ttl_s=60)
-        got.append(run(llm, prompts[3]))
+        pin = prewarm(llm, warm, ttl_s=600)
         with pytest.raises(PinRefusedError, match="refused"):
-            prewarm(llm, draw(300), ttl_s=60)
+            prewarm(llm, twin, ttl_s=60)  # computed and cached, but not pinned
+        for prompt in churn:
+            run(llm, prompt)
+        got += [run(llm, p) for p in prompts[3:]]
         bad = vllm.SamplingParams(max_tokens=2, extra_args={"cache_breakpoints": "end"})
         (out,) = llm.generate([{"prompt_token_ids": draw(40)}], bad, use_tqdm=False)
         assert "not a token position" in out.kv_transfer_params["vllm_hybrid"]["error"]
         assert out.outputs[0].token_ids  # served: the engine ignores bad options, never dies
-    with engine(model_dir, enable_prefix_caching=False) as llm:
+    with engine(model_dir, enable_prefix_caching=False, **pool) as llm:
         want = [run(llm, p) for p in prompts]
-    assert [c for c, _ in got] == [0, 512, 512, 640]  # 600 -> 512; prewarm of 700 -> 640
     assert (pin["tokens"], pin["pages"]) == (640, 640 // BLOCK + 3)
+    # 600 -> 512; the pinned prefix survives the churn (640), its unpinned twin does not.
+    assert [c for c, _ in got] == [0, 512, 512, 640, 0]
     assert [t for _, t in got] == [t for _, t in want]
 
 
