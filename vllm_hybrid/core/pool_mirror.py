@@ -694,7 +694,10 @@ class PoolMirror:
                 break
             (prio, _, _, kind, _), entry = popped
             pages = self._unit_pages(entry, kind)
-            if not all(self._free(p, is_free) for p in pages):
+            used = self._used
+            if any(p in used or not is_free(p) for p in pages) and not all(
+                self._free(p, is_free) for p in pages
+            ):
                 continue  # the mirror had missed a use: the unit waits until it is free
             self.policy.on_evict(prio)
             if hook is not None:  # as PrefixIndex calls it: before the unit goes
@@ -703,10 +706,12 @@ class PoolMirror:
                 self.stats.snapshot_units += 1
             else:
                 self.stats.kv_units += 1
+            victims = self._victims
             for page in pages:
-                self._victims[page] = self.drop_page(page)
-            out.extend(p for p in pages if p not in taken)
-            taken.update(pages)
+                victims[page] = self.drop_page(page)
+                if page not in taken:
+                    out.append(page)
+                    taken.add(page)
 
     def _unit_pages(self, entry: _Entry, kind: int) -> list[int]:
         """A snapshot unit's state pages, or a KV unit's pages (all groups, whole subtree),

@@ -208,14 +208,20 @@ class HybridBlockPool(BlockPool):
         if logging_on:  # only the debug line needs the counts from before
             stats_before = dataclasses.replace(self._hy_mirror.stats)
             evicted_before = (self.hy_pages.evicted[KV], self.hy_pages.evicted[SNAPSHOT])
-        victims = [
-            self.blocks[p] for p in self._hy_mirror.pick_victims(shortfall, self._hy_is_free)
-        ]
+        mirror, queue, blocks = self._hy_mirror, self.free_block_queue, self.blocks
+        victims = [blocks[p] for p in mirror.pick_victims(shortfall, self._hy_is_free)]
+        events = self.enable_kv_cache_events
         for block in victims:
-            # as _maybe_evict_cached_block, minus the metrics call that get_new_blocks makes
-            self._emit_block_removed_events(self._remove_cached_block_hashes(block))
-            self.free_block_queue.remove(block)
-        self.free_block_queue.prepend_n(victims)
+            # as _maybe_evict_cached_block, minus the metrics call that get_new_blocks makes;
+            # our _remove_cached_block_hashes, inlined: the mirror already let the victim go
+            # and drop_page returns what it held
+            removed = BlockPool._remove_cached_block_hashes(self, block)
+            for group in {g for _, g in mirror.drop_page(block.block_id)}:
+                self.hy_pages.on_dropped(group)
+            if events:
+                self._emit_block_removed_events(removed)
+            queue.remove(block)
+        queue.prepend_n(victims)
         self.hy_policy_pages += len(victims)
         self.hy_evict_calls += 1
         if logging_on:
