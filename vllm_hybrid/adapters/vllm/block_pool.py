@@ -208,16 +208,12 @@ class HybridBlockPool(BlockPool):
         if logging_on:  # only the debug line needs the counts from before
             stats_before = dataclasses.replace(self._hy_mirror.stats)
             evicted_before = (self.hy_pages.evicted[KV], self.hy_pages.evicted[SNAPSHOT])
-        mirror, queue, blocks = self._hy_mirror, self.free_block_queue, self.blocks
-        victims = [blocks[p] for p in mirror.pick_victims(shortfall, self._hy_is_free)]
+        queue, blocks = self.free_block_queue, self.blocks
+        victims = [blocks[p] for p in self._hy_mirror.pick_victims(shortfall, self._hy_is_free)]
         events = self.enable_kv_cache_events
         for block in victims:
-            # as _maybe_evict_cached_block, minus the metrics call that get_new_blocks makes;
-            # our _remove_cached_block_hashes, inlined: the mirror already let the victim go
-            # and drop_page returns what it held
-            removed = BlockPool._remove_cached_block_hashes(self, block)
-            for group in {g for _, g in mirror.drop_page(block.block_id)}:
-                self.hy_pages.on_dropped(group)
+            # as _maybe_evict_cached_block, minus the metrics call that get_new_blocks makes
+            removed = self._remove_cached_block_hashes(block)
             if events:
                 self._emit_block_removed_events(removed)
             queue.remove(block)
