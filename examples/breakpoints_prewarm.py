@@ -25,7 +25,7 @@ from openai import OpenAI
 SUPPORT = "You answer questions about our hardware store, briefly and politely. " * 12
 TOOLS = "Tools: search(query), stock(item), aisle(item), order(item, quantity). " * 12
 ORDERS = " ".join(
-    f"order {i}: {i % 7 + 1} boxes of screws, {i % 3 + 1} brushes;" for i in range(30)
+    f"order {i}: {i % 7 + 1} boxes of screws, {i % 3 + 1} brushes;" for i in range(12)
 )
 QUESTIONS = [f"My orders: {ORDERS} Where are the drills?", f"Orders: {ORDERS} Any seeds?"]
 
