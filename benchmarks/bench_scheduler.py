@@ -17,6 +17,19 @@ Every configuration (``stock`` = vLLM's ``Scheduler``; ``flop``, ``vllm``, ... =
 stepped round-robin in one process, so machine noise hits all of them alike. ``--warmup`` steps
 (not timed) fill the cache first.
 
+Garbage collection (``--gc``): a young-generation collection costs what is young in the whole
+process (mostly the prompt lists of the requests every configuration adds, ~2-10 ms here), and
+in one round-robin process the step that crosses Python's threshold pays for all of it, so
+with ``--gc auto`` nearly every collection lands in a step of whichever configuration allocates
+most inside its timed region. The default, ``--gc between``, collects the young generation
+before every step, untimed, so no timed step pays for others' garbage; what a step adds to the
+collector's work is shown as ``objs/step`` (net GC-tracked objects allocated in the timed
+region; collections are proportional to it in a one-scheduler engine).
+
+Ratios: ``ratio`` and ``p95 ratio`` (ours / stock of the median and the p95: the issue's
+figure), and ``paired``: the median over steps of ours / stock for the same step (the same
+requests, stepped back to back), which a load that changes during the run moves less.
+
     .venv/bin/python benchmarks/bench_scheduler.py --steps 200 --json out/bench_scheduler.json
 """
 
@@ -62,6 +75,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model-dir", default=None, help="model dir for the ModelConfig (tiny zamba2)")
     p.add_argument("--profile", default=None, help="config name to run under cProfile (top 25)")
     p.add_argument("--check", action="store_true", help="integrity checks after every step")
+    p.add_argument(
+        "--gc",
+        choices=("between", "auto"),
+        default="between",
+        help="between: collect the young generation before every step, untimed (a step never "
+        "pays for a collection that the other configurations' garbage triggered); auto: "
+        "Python's automatic collection, whichever step crosses the threshold pays",
+    )
     p.add_argument("--json", default=None, help="write the results here")
     return p.parse_args(argv)
 
@@ -187,6 +208,7 @@ class Run:
     running: list[int] = field(default_factory=list)
     evict_count: int = 0
     finished: int = 0
+    objects: list[int] = field(default_factory=list)  # net GC-tracked allocations per step
 
     def count_evictions(self) -> None:
         """Count blocks whose hashes are dropped (for reuse or by the engine), both kinds."""
@@ -243,12 +265,16 @@ def step(run: Run, work: Workload, n: int, timed: bool) -> None:
     add_requests(run, work)
     before = run.evict_count
     sched = run.sched
+    if work.args.gc == "between":
+        gc.collect(0)  # untimed; the step's own allocations stay far below the threshold
+    objects0 = gc.get_count()[0]
     t0 = time.perf_counter()
     out = sched.schedule()
     model_out = fake_output(sched, out, n)
     t1 = time.perf_counter()
     results = sched.update_from_output(out, model_out)
     t2 = time.perf_counter()
+    objects = gc.get_count()[0] - objects0  # < 0 if a collection ran (auto mode)
     for outputs in results.values():
         run.finished += sum(o.finish_reason is not None for o in outputs.outputs)
     pool = getattr(sched, "hybrid_pool", None)
@@ -259,6 +285,8 @@ def step(run: Run, work: Workload, n: int, timed: bool) -> None:
         run.step_s.append((t1 - t0) + (t2 - t1))
         run.evicted.append(run.evict_count - before)
         run.running.append(len(sched.running))
+        if objects >= 0:
+            run.objects.append(objects)
 
 
 # ---------------------------------------------------------------------------------- report
@@ -274,6 +302,7 @@ def summary(run: Run, args: argparse.Namespace) -> dict[str, Any]:
         "steps_with_evictions": sum(e > 0 for e in run.evicted) / len(run.evicted),
         "running_mean": statistics.fmean(run.running),
         "finished": run.finished,
+        "gc_objects_per_step": statistics.fmean(run.objects) if run.objects else float("nan"),
         "free_blocks_end": pool.get_num_free_blocks(),
     }
     if run.name != "stock":  # a HybridScheduler
@@ -286,9 +315,11 @@ def summary(run: Run, args: argparse.Namespace) -> dict[str, Any]:
 def print_table(rows: list[dict[str, Any]]) -> None:
     stock = next((r for r in rows if r["config"] == "stock"), None)
     head = f"{'config':8} {'median ms':>9} {'p95 ms':>7} {'ratio':>6} {'p95 ratio':>9}"
+    head += f" {'paired':>6}"
     print(
         head.replace("config  ", "config        ")
         + f" {'evicted/step':>12} {'steps evicting':>14} {'running':>7} {'fallback':>8}"
+        + f" {'objs/step':>9}"
     )
     for r in rows:
         ratio = r["median_ms"] / stock["median_ms"] if stock else float("nan")
@@ -297,13 +328,15 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         fb = r.get("fallback_pages", "-")
         print(
             f"{r['config']:14} {r['median_ms']:9.2f} {r['p95_ms']:7.2f} {ratio:6.2f} {p95:9.2f}"
+            f" {r.get('ratio_paired', float('nan')):6.2f}"
             f" {r['evicted_per_step']:12.1f} {r['steps_with_evictions']:14.0%}"
-            f" {r['running_mean']:7.0f} {fb!s:>8}"
+            f" {r['running_mean']:7.0f} {fb!s:>8} {r['gc_objects_per_step']:9.1f}"
         )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    load_start = os.getloadavg()[0]
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -333,10 +366,16 @@ def main(argv: list[str] | None = None) -> int:
             if prof:
                 profiler.disable()
     rows = [summary(run, args) for run in runs]
+    stock_run = next((run for run in runs if run.name == "stock"), None)
+    for run, row in zip(runs, rows, strict=True):
+        if stock_run is not None:  # step n of every configuration served the same requests
+            pairs = [a / b for a, b in zip(run.step_s, stock_run.step_s, strict=True)]
+            row["ratio_paired"] = statistics.median(pairs)
     print(
         f"{args.running} running, {args.blocks} blocks x {args.block_tokens} tokens, "
         f"1 attention + {args.mamba_groups} Mamba groups, {args.steps} timed steps "
-        f"after {args.warmup} warm-up"
+        f"after {args.warmup} warm-up, gc {args.gc}, "
+        f"load average {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end"
     )
     print_table(rows)
     if profiler is not None:
@@ -345,7 +384,10 @@ def main(argv: list[str] | None = None) -> int:
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2))
+        load = {"start": load_start, "end": os.getloadavg()[0]}
+        Path(args.json).write_text(
+            json.dumps({"args": vars(args), "load_average": load, "rows": rows}, indent=2)
+        )
     return 0
 
 
