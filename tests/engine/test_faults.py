@@ -115,7 +115,7 @@ def tight_workload(seed: int = 11, vocab: int = 1000) -> list[tuple[list[int], i
     prefixes = [draw(n) for n in (260, 300)]
     prompts = [rng.choice(prefixes) + draw(rng.randrange(100, 250)) for _ in range(6)]
     prompts += [p + draw(40) for p in prefixes]
-    return [(p, 48 if i % 4 == 0 else 8) for i, p in enumerate(prompts)]
+    return [(p, 32 if i % 4 == 0 else 8) for i, p in enumerate(prompts)]
 
 
 def run(llm, workload):

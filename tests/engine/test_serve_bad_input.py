@@ -34,6 +34,7 @@ pytestmark = pytest.mark.engine
 
 DEBUG = json.dumps({"vllm_hybrid": {"debug": True}})
 PROBE = SYSTEM_PROMPT + "\nQuestion: where are the brushes?\nAnswer:"
+PROBE_TOKENS = 6  # enough to tell answers apart, short to keep the module fast
 _salts = itertools.count()
 
 
@@ -79,14 +80,14 @@ def uncached(base: str, prompt: str, max_tokens: int):
 @pytest.fixture(scope="module")
 def probe(server):
     """A prompt cached before the bad requests, and its uncached greedy answer."""
-    reference = uncached(server.base, PROBE, 16)
-    greedy(server.base, prompt=PROBE, max_tokens=16)  # cache it (the salted one is apart)
+    reference = uncached(server.base, PROBE, PROBE_TOKENS)
+    greedy(server.base, prompt=PROBE, max_tokens=PROBE_TOKENS)  # cache it (the salted one is apart)
     return reference.token_ids
 
 
 def assert_still_serving(server, probe) -> None:
     assert server.alive(), server.tail()
-    reply = greedy(server.base, prompt=PROBE, max_tokens=16)
+    reply = greedy(server.base, prompt=PROBE, max_tokens=PROBE_TOKENS)
     assert reply.status == 200 and reply.cached_tokens > 0, reply
     assert reply.token_ids == probe, "a cached prompt answers differently after bad input"
 
@@ -162,7 +163,7 @@ def test_bad_request_is_a_400_and_the_cache_survives(server, probe, name):
 
 def test_unknown_fields_are_ignored(server, probe):
     """vLLM accepts (and logs) fields it does not know: the answer is the same as without."""
-    reply = greedy(server.base, prompt=PROBE, max_tokens=16, frobnicate={"x": 1}, foo=3)
+    reply = greedy(server.base, prompt=PROBE, max_tokens=PROBE_TOKENS, frobnicate={"x": 1}, foo=3)
     assert reply.status == 200 and reply.token_ids == probe and reply.cached_tokens > 0
     assert_still_serving(server, probe)
 
@@ -185,7 +186,7 @@ def test_burst_of_bad_requests_between_good_ones(server, probe):
     threads.append(
         threading.Thread(
             target=lambda: good.extend(
-                greedy(server.base, prompt=PROBE, max_tokens=16) for _ in range(3)
+                greedy(server.base, prompt=PROBE, max_tokens=PROBE_TOKENS) for _ in range(3)
             )
         )
     )
@@ -235,7 +236,7 @@ def test_client_disconnects_mid_stream(server, probe):
 
     def steady() -> None:
         while not done.is_set():
-            served.append(greedy(server.base, prompt=PROBE, max_tokens=16))
+            served.append(greedy(server.base, prompt=PROBE, max_tokens=PROBE_TOKENS))
 
     steady_thread = threading.Thread(target=steady)
     steady_thread.start()
