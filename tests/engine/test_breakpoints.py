@@ -154,6 +154,91 @@ def test_anthropic_messages_breakpoint_on_a_system_block(server):
     assert ask(False, 2) == expected // BLOCK * BLOCK > 0
 
 
+def complete(client, prompt, **extra):
+    reply = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=8, temperature=0.0, extra_body=extra or None
+    )
+    hybrid = (reply.model_extra.get("kv_transfer_params") or {}).get("vllm_hybrid") or {}
+    details = reply.usage.prompt_tokens_details
+    return reply.usage.prompt_tokens, details.cached_tokens, reply.choices[0].text, hybrid
+
+
+def test_prompt_modules_hit_at_the_second_module_boundary_on_first_appearance(client, server):
+    """Issue 6 acceptance: modules (system, doc_a, doc_b) on the path
+    [system, {union: [doc_a, doc_b]}], registered over HTTP; the first request ever importing
+    [system, doc_b] hits at doc_b's end floored to the block. Placed before the prewarm tests:
+    its pins (2 s) must expire before those need the 14-page pin budget."""
+    schema = {
+        "modules": {
+            "system": text(81, 57) + "\n",  # ~180 tokens each: system ends in block 1,
+            "doc_a": text(82, 57) + "\n",  # doc_a / doc_b in block 2
+            "doc_b": text(83, 57) + "\n",
+        },
+        "paths": [["system", {"union": ["doc_a", "doc_b"]}]],
+        "ttl_s": 2,
+    }
+    answer = httpx.post(f"{server}/v1/hybrid/modules", json=schema, timeout=300)
+    assert answer.status_code == 200, answer.text
+    registered = answer.json()
+    n = {name: m["tokens"] for name, m in registered["modules"].items()}
+    lead = registered["lead_tokens"]
+    sys_end = lead + n["system"]
+    ends = {doc: sys_end + n[doc] for doc in ("doc_a", "doc_b")}
+    assert (
+        n["system"]
+        == httpx.post(
+            f"{server}/tokenize", json={"prompt": schema["modules"]["system"]}, timeout=30
+        ).json()["count"]
+        - lead
+    )
+    # The guards that make the oracle below exact (states are kept at block boundaries).
+    assert BLOCK < sys_end < 2 * BLOCK < ends["doc_b"] and ends["doc_b"] % BLOCK
+    prewarmed = {tuple(p["path"]): p for p in registered["prewarmed"]}
+    assert list(prewarmed) == [("system", "doc_a"), ("system", "doc_b")]
+    for doc, cached_before in (("doc_a", 0), ("doc_b", sys_end // BLOCK * BLOCK)):
+        p = prewarmed[("system", doc)]
+        assert p["boundaries"] == [sys_end, ends[doc]] and p["prompt_tokens"] == ends[doc]
+        assert p["pinned"] and p["pinned_tokens"] == (ends[doc] - 1) // BLOCK * BLOCK
+        # doc_b's prewarm resumed from the state doc_a's prewarm kept at system's boundary.
+        assert p["cached_tokens"] == cached_before
+    listed = httpx.get(f"{server}/v1/hybrid/modules", timeout=30).json()
+    assert listed["paths"] == [["system", "doc_a"], ["system", "doc_b"]]
+
+    question = "Which aisle has the drills and the sandpaper?"
+    imports = {"modules": ["system", "doc_b"], "cache_report": 1}
+    prompt_tokens, cached, reply, hybrid = complete(client, question, vllm_xargs=imports)
+    assert prompt_tokens > ends["doc_b"]
+    assert cached == ends["doc_b"] // BLOCK * BLOCK == 2 * BLOCK  # past system's boundary
+    assert hybrid["cache_report"]["breakpoints"] == [sys_end, ends["doc_b"]]
+    # The same prompt from scratch: a fresh cache_salt shares no block.
+    _, fresh_cached, fresh, _ = complete(
+        client, question, vllm_xargs={"modules": ["system", "doc_b"]}, cache_salt=uuid.uuid4().hex
+    )
+    assert (fresh_cached, fresh) == (0, reply)
+
+    # Bad schemas and imports: 400 with a message; the registration stands, the server serves.
+    bad = {"modules": {"system": "x"}, "paths": [["system", "nope"]]}
+    answer = httpx.post(f"{server}/v1/hybrid/modules", json=bad, timeout=60)
+    assert answer.status_code == 400
+    assert "paths[0][1]: unknown module 'nope'" in answer.json()["error"]["message"]
+    for body, message in (
+        ({"prompt": "q", "vllm_xargs": {"modules": ["doc_c"]}}, "unknown module 'doc_c'"),
+        ({"prompt": ["a", "b"], "vllm_xargs": {"modules": ["system"]}}, "one prompt"),
+    ):
+        answer = httpx.post(
+            f"{server}/v1/completions", json={"model": MODEL, "max_tokens": 2, **body}, timeout=60
+        )
+        assert answer.status_code == 400 and message in answer.json()["error"]["message"]
+    answer = httpx.post(
+        f"{server}/v1/chat/completions",
+        json={"model": MODEL, "messages": [user(1)], "vllm_xargs": {"modules": ["system"]}},
+        timeout=60,
+    )
+    assert answer.status_code == 400 and "/v1/completions only" in answer.text
+    assert httpx.get(f"{server}/v1/hybrid/modules", timeout=30).json()["paths"] == listed["paths"]
+    assert complete(client, question, vllm_xargs=imports)[1] == cached
+
+
 def test_without_breakpoint_the_second_conversation_misses(client):
     cached, _, _ = chat(client, [system(21, False), user(1)])
     cached_again, _, hybrid = chat(

@@ -51,6 +51,7 @@ from vllm_hybrid.core.breakpoints import (
     strip_cache_control,
 )
 from vllm_hybrid.core.config import ConfigError, HybridCacheConfig
+from vllm_hybrid.core.modules import IMPORT_KEY, ModuleError, ModuleSchema, boundaries
 from vllm_hybrid.core.pins import PrewarmRequest
 
 logger = logging.getLogger("vllm_hybrid")
@@ -61,11 +62,12 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-CHAT, COMPLETIONS, MESSAGES, PREWARM, TOKENIZE = (
+CHAT, COMPLETIONS, MESSAGES, PREWARM, MODULES, TOKENIZE = (
     "/v1/chat/completions",
     "/v1/completions",
     "/v1/messages",
     "/v1/hybrid/prewarm",
+    "/v1/hybrid/modules",
     "/tokenize",
 )
 #: Chat request fields that change how messages render (passed to ``/tokenize`` as they are).
@@ -79,12 +81,15 @@ class HybridServingMiddleware:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
         self._config: HybridCacheConfig | None = None
+        self._modules: _Modules | None = None  # the registered prompt modules
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path")
+        if scope.get("type") == "http" and path == MODULES and scope.get("method") == "GET":
+            return await self._list_modules(send)
         if scope.get("type") != "http" or scope.get("method") != "POST":
             return await self.app(scope, receive, send)
-        if path not in (CHAT, COMPLETIONS, MESSAGES, PREWARM):
+        if path not in (CHAT, COMPLETIONS, MESSAGES, PREWARM, MODULES):
             return await self.app(scope, receive, send)
         raw = await _read_body(receive)
         try:
@@ -94,6 +99,8 @@ class HybridServingMiddleware:
         try:
             if path == PREWARM:
                 return await self._prewarm(scope, body, send)
+            if path == MODULES:
+                return await self._register_modules(scope, body, send)
             if isinstance(body, dict):
                 new = await self._rewrite(scope, path, body)
                 if new is not None:
@@ -109,6 +116,13 @@ class HybridServingMiddleware:
         """The body to forward (None: unchanged); CacheOptionError on bad cache options."""
         xargs = body.get("vllm_xargs")
         self._check_options(scope, xargs)
+        if isinstance(xargs, dict) and IMPORT_KEY in xargs:
+            if path != COMPLETIONS:
+                raise ModuleError(
+                    f"{IMPORT_KEY}: prompt modules are imported on {COMPLETIONS} only (a chat "
+                    "template would put its own tokens between modules)"
+                )
+            return await self._import_modules(scope, body, xargs)
         if path == MESSAGES:
             return await self._rewrite_anthropic(scope, body)
         if path != CHAT or not isinstance(body.get("messages"), list):
@@ -229,18 +243,41 @@ class HybridServingMiddleware:
             return await _send_json(send, 400, _error(str(error)))
         except _Upstream as refused:
             return await _send_json(send, refused.status, refused.answer)
+        status, payload, _ = await self._compute_and_pin(
+            scope, prompt, request.ttl_s, request.model, request.cache_salt
+        )
+        await _send_json(send, status, payload)
+
+    async def _compute_and_pin(
+        self,
+        scope: Scope,
+        prompt: Any,
+        ttl_s: float,
+        model: str | None,
+        cache_salt: str | None,
+        breakpoints: list[int] | None = None,
+    ) -> tuple[int, Any, str | None]:
+        """Compute ``prompt`` (text or token ids) as a one-token completion that pins its
+        cached prefix for ``ttl_s`` (``cache_pin_ttl_s``, taken by the engine core when the
+        request finishes: ``cache_control.py``), with ``breakpoints`` (the states there stay
+        cached). Returns (200, the pin summary, None), (400, error, the refusal reason) when the
+        engine took no pin, or vLLM's own (status, answer, None) when it refused the request."""
+        xargs: dict[str, Any] = {PIN_TTL: ttl_s, "cache_report": 1}
+        if breakpoints:
+            xargs = merge_breakpoints(xargs, breakpoints)
         completion: dict[str, Any] = {
             "prompt": prompt,
             "max_tokens": 1,
             "temperature": 0.0,
-            "vllm_xargs": {PIN_TTL: request.ttl_s, "cache_report": 1},
+            "vllm_xargs": xargs,
         }
-        for key in ("model", "cache_salt"):
-            if getattr(request, key) is not None:
-                completion[key] = getattr(request, key)
+        if model is not None:
+            completion["model"] = model
+        if cache_salt is not None:
+            completion["cache_salt"] = cache_salt
         status, answer = await self._call(scope, COMPLETIONS, completion)
         if status != 200 or not isinstance(answer, dict):
-            return await _send_json(send, status, answer)
+            return status, answer, None
         result = (answer.get("kv_transfer_params") or {}).get("vllm_hybrid") or {}
         pin = result.get("pin") or {}
         usage = answer.get("usage") or {}
@@ -250,10 +287,9 @@ class HybridServingMiddleware:
                 or result.get("error")
                 or "the engine took no pin (is the server started with --enable-prefix-caching?)"
             )
-            return await _send_json(send, 400, _error(f"prewarm: {message}"))
+            return 400, _error(f"prewarm: {message}"), message
         details = usage.get("prompt_tokens_details") or {}
-        await _send_json(
-            send,
+        return (
             200,
             {
                 "object": "hybrid.prewarm",
@@ -261,13 +297,108 @@ class HybridServingMiddleware:
                 "cached_tokens": details.get("cached_tokens"),
                 "pinned_tokens": pin.get("tokens"),
                 "pinned_pages": pin.get("pages"),
-                "ttl_s": request.ttl_s,
+                "ttl_s": ttl_s,
                 "expires_in_s": pin.get("expires_in_s"),
                 "extended": pin.get("extended", False),
                 "pool_pinned_pages": pin.get("pinned_pages"),
                 "pool_pin_limit_pages": pin.get("limit_pages"),
             },
+            None,
         )
+
+    # ------------------------------------------------------------------ prompt modules
+    async def _register_modules(self, scope: Scope, body: Any, send: Send) -> None:
+        """``POST /v1/hybrid/modules``: validate a schema (``core/modules.py``), tokenize each
+        module, prewarm and pin every path (breakpoints at its module boundaries); replaces
+        what was registered. 400 on a bad schema; vLLM's own answer if it refuses a call."""
+        try:
+            schema = ModuleSchema.parse(body)
+            limit = self.config(scope).max_pin_ttl_s
+            if schema.ttl_s > limit:
+                raise ModuleError(
+                    f"ttl_s {schema.ttl_s:g} exceeds the server's limit of {limit:g} s "
+                    "(max_pin_ttl_s)"
+                )
+            model = {"model": schema.model} if schema.model is not None else {}
+            # The special tokens the tokenizer puts before a prompt (none on many models).
+            lead = await self._tokens(scope, {**model, "prompt": "", "add_special_tokens": True})
+            ids = {}
+            for name, text in schema.modules.items():
+                ids[name] = await self._tokens(
+                    scope, {**model, "prompt": text, "add_special_tokens": False}
+                )
+                if not ids[name]:
+                    raise ModuleError(f"modules.{name} tokenizes to no token")
+        except CacheOptionError as error:
+            return await _send_json(send, 400, _error(str(error)))
+        except _Upstream as refused:
+            return await _send_json(send, refused.status, refused.answer)
+        registered = _Modules(schema, lead, ids)
+        prewarmed = []
+        # One at a time, in order: a prefix shared by several paths is computed by the first
+        # (its boundary state kept by the breakpoint there) and hit by the others.
+        for path in schema.prewarm_paths():
+            prompt, bounds = registered.prompt(path)
+            status, payload, refused = await self._compute_and_pin(
+                scope, prompt, schema.ttl_s, schema.model, schema.cache_salt, bounds
+            )
+            if status != 200 and refused is None:
+                return await _send_json(send, status, payload)  # nothing registered
+            entry: dict[str, Any] = {"path": list(path), "boundaries": bounds}
+            if refused is None:
+                entry.update(
+                    pinned=True,
+                    **{k: payload[k] for k in ("prompt_tokens", "cached_tokens", "pinned_tokens")},
+                    pinned_pages=payload["pinned_pages"],
+                )
+            else:  # computed and cached, not pinned (e.g. over max_pinned_fraction)
+                entry.update(pinned=False, prompt_tokens=len(prompt), message=refused)
+            prewarmed.append(entry)
+        registered.prewarmed = prewarmed
+        self._modules = registered
+        logger.info(
+            "vllm-hybrid: registered %d prompt modules, %d paths",
+            len(schema.modules),
+            len(schema.paths),
+        )
+        await _send_json(send, 200, registered.describe())
+
+    async def _list_modules(self, send: Send) -> None:
+        """``GET /v1/hybrid/modules``: what is registered (``modules`` empty if nothing)."""
+        if self._modules is None:
+            return await _send_json(send, 200, {"object": "hybrid.modules", "modules": {}})
+        await _send_json(send, 200, self._modules.describe())
+
+    async def _import_modules(
+        self, scope: Scope, body: dict[str, Any], xargs: dict[str, Any]
+    ) -> dict[str, Any]:
+        """A completion importing modules: the prompt becomes the modules' token ids (as
+        registered, so the boundaries fall where the prewarm put them) followed by the
+        request's own prompt (tokenized without special tokens), with a breakpoint at every
+        module boundary. ``vllm_xargs["modules"]`` is removed."""
+        registered = self._modules
+        if registered is None:
+            raise ModuleError(
+                f"{IMPORT_KEY}: no prompt modules are registered (POST {MODULES} first)"
+            )
+        names = registered.schema.parse_import(xargs[IMPORT_KEY])
+        prompt = body.get("prompt", "")
+        if isinstance(prompt, str):
+            render = {"prompt": prompt, "add_special_tokens": False}
+            if body.get("model") is not None:
+                render["model"] = body["model"]
+            rest = await self._tokens(scope, render) if prompt else []
+        elif isinstance(prompt, list) and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+        ):
+            rest = list(prompt)
+        else:
+            raise ModuleError(
+                f"{IMPORT_KEY}: a request importing modules takes one prompt (text or token ids)"
+            )
+        ids, bounds = registered.prompt(names)
+        others = {k: v for k, v in xargs.items() if k != IMPORT_KEY}
+        return dict(body, prompt=ids + rest, vllm_xargs=merge_breakpoints(others, bounds))
 
     # ------------------------------------------------------------------ in-process calls
     async def _call(self, scope: Scope, path: str, body: dict[str, Any]) -> tuple[int, Any]:
@@ -289,6 +420,29 @@ class HybridServingMiddleware:
             return status, json.loads(b"".join(chunks) or b"null")
         except ValueError:
             return status, {"error": {"message": b"".join(chunks).decode(errors="replace")}}
+
+
+class _Modules:
+    """Registered prompt modules: the schema, each module's token ids, the lead tokens."""
+
+    def __init__(self, schema: ModuleSchema, lead: list[int], ids: dict[str, list[int]]):
+        self.schema, self.lead, self.ids = schema, lead, ids
+        self.prewarmed: list[dict[str, Any]] = []
+
+    def prompt(self, names: Any) -> tuple[list[int], list[int]]:
+        """The token ids of ``names`` in order (after the lead) and each module's end."""
+        ids = list(self.lead)
+        for name in names:
+            ids += self.ids[name]
+        return ids, boundaries([len(self.ids[n]) for n in names], len(self.lead))
+
+    def describe(self) -> dict[str, Any]:
+        out = {"object": "hybrid.modules", **self.schema.describe()}
+        for name, entry in out["modules"].items():
+            entry["tokens"] = len(self.ids[name])
+        out["lead_tokens"] = len(self.lead)
+        out["prewarmed"] = self.prewarmed
+        return out
 
 
 def _anthropic_as_chat(scope: Scope, body: dict[str, Any]) -> dict[str, Any] | None:
