@@ -130,3 +130,26 @@ def test_too_many_expanded_paths_is_refused_before_expanding():
         ModuleSchema.parse({"modules": modules, "paths": [[union, union, union]]})
     with pytest.raises(ModuleError, match="at most 64 modules"):
         ModuleSchema.parse({"modules": {f"m{i}": "x" for i in range(65)}})
+
+
+def test_the_modules_setting_names_a_valid_schema_file(tmp_path):
+    from vllm_hybrid.core.config import ConfigError, HybridCacheConfig
+
+    good = tmp_path / "modules.json"
+    good.write_text('{"modules": {"system": "x"}, "paths": [["system"]]}')
+    assert HybridCacheConfig.from_sources({"modules": str(good)}, {}).modules == str(good)
+    assert HybridCacheConfig.from_sources(None, {"VLLM_HYBRID_MODULES": str(good)}).modules
+    assert HybridCacheConfig.from_sources(None, {}).modules == ""
+    bad = tmp_path / "bad.json"
+    for content, message in (
+        ("{", "not JSON"),
+        ('{"modules": {"system": "x"}, "paths": [["nope"]]}', "paths[0][0]: unknown module"),
+    ):
+        bad.write_text(content)
+        with pytest.raises(ConfigError, match=r"modules file .*bad.json.*: ") as error:
+            HybridCacheConfig.from_sources({"modules": str(bad)}, {})
+        assert message in str(error.value)
+    with pytest.raises(ConfigError, match="No such file"):
+        HybridCacheConfig.from_sources({"modules": str(tmp_path / "none.json")}, {})
+    with pytest.raises(ConfigError, match="must be a file path"):
+        HybridCacheConfig.from_sources({"modules": 3}, {})

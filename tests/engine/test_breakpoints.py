@@ -42,6 +42,13 @@ def text(seed: int, words: int) -> str:
     return " ".join(WORDS[(seed * 7 + i * (seed % 5 + 1)) % len(WORDS)] for i in range(words))
 
 
+#: The ``modules`` setting's file: one path of two modules (~300 tokens), pins of 1 s.
+START_MODULES = {
+    "modules": {"intro": text(91, 50) + "\n", "policy": text(92, 50) + "\n"},
+    "paths": [["intro", "policy"]],
+    "ttl_s": 1,
+}
+
 #: Our server's model name, unique: a request never reaches another test session's server
 #: that took the same free port between free_port() and our bind.
 MODEL = f"tiny-bp-{uuid.uuid4().hex[:8]}"
@@ -50,7 +57,15 @@ MODEL = f"tiny-bp-{uuid.uuid4().hex[:8]}"
 @pytest.fixture(scope="module")
 def server(model_root, tmp_path_factory):
     port, log = free_port(), tmp_path_factory.mktemp("server") / "server.log"
-    settings = {"vllm_hybrid": {"max_pinned_fraction": PIN_FRACTION, "debug": True}}
+    modules = log.parent / "modules.json"  # registered and prewarmed at start
+    modules.write_text(json.dumps(START_MODULES))
+    settings = {
+        "vllm_hybrid": {
+            "max_pinned_fraction": PIN_FRACTION,
+            "debug": True,
+            "modules": str(modules),
+        }
+    }
     proc = start_server(
         tiny_model_dir("zamba2", model_root),
         port,
@@ -161,6 +176,19 @@ def complete(client, prompt, **extra):
     hybrid = (reply.model_extra.get("kv_transfer_params") or {}).get("vllm_hybrid") or {}
     details = reply.usage.prompt_tokens_details
     return reply.usage.prompt_tokens, details.cached_tokens, reply.choices[0].text, hybrid
+
+
+def test_modules_file_is_registered_and_prewarmed_at_start(client, server):
+    listed = httpx.get(f"{server}/v1/hybrid/modules", timeout=30).json()
+    assert listed["paths"] == [["intro", "policy"]]
+    end = listed["lead_tokens"] + sum(m["tokens"] for m in listed["modules"].values())
+    (prewarmed,) = listed["prewarmed"]
+    assert prewarmed["boundaries"][-1] == end and end % BLOCK
+    assert prewarmed["pinned"] and prewarmed["pinned_tokens"] == end // BLOCK * BLOCK > 0
+    _, cached, _, _ = complete(
+        client, "Where is the glue?", vllm_xargs={"modules": ["intro", "policy"]}
+    )
+    assert cached == end // BLOCK * BLOCK
 
 
 def test_prompt_modules_hit_at_the_second_module_boundary_on_first_appearance(client, server):

@@ -30,15 +30,22 @@ fraction``          PINNED_FRACTION                                 that pins (p
                                                                     hold at once, in [0, 1]
 ``max_pin_ttl_s``   VLLM_HYBRID_MAX_PIN_   ``3600``                 longest pin TTL accepted,
                     TTL_S                                           in seconds
+``modules``         VLLM_HYBRID_MODULES    ``""`` (none)            a prompt-module schema
+                                                                    file (JSON, see
+                                                                    ``core/modules.py``) the
+                                                                    server registers and
+                                                                    prewarms at start
 ==================  =====================  =======================  =========================
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_hybrid.core.modules import ModuleError, ModuleSchema
 from vllm_hybrid.core.policies import POLICIES
 
 STOCK = "stock"
@@ -49,6 +56,7 @@ ENV = {
     "debug": "VLLM_HYBRID_DEBUG",
     "max_pinned_fraction": "VLLM_HYBRID_MAX_PINNED_FRACTION",
     "max_pin_ttl_s": "VLLM_HYBRID_MAX_PIN_TTL_S",
+    "modules": "VLLM_HYBRID_MODULES",
 }
 SNAPSHOT_MODES = ("auto", "engine", "dense")
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
@@ -68,6 +76,7 @@ class HybridCacheConfig:
     debug: bool = False
     max_pinned_fraction: float = 0.25
     max_pin_ttl_s: float = 3600.0
+    modules: str = ""
 
     @property
     def enabled(self) -> bool:
@@ -104,6 +113,7 @@ class HybridCacheConfig:
             max_pin_ttl_s=_number(
                 "max_pin_ttl_s", raw.get("max_pin_ttl_s", cls.max_pin_ttl_s), low=0.0
             ),
+            modules=_modules_file(raw.get("modules", cls.modules)),
         )
 
 
@@ -125,6 +135,24 @@ def _snapshot_every(value: Any) -> str | int:
         f"vllm_hybrid: snapshot_every {value!r} must be one of {', '.join(SNAPSHOT_MODES)} "
         "or a non-negative token count"
     )
+
+
+def _modules_file(value: Any) -> str:
+    """A prompt-module schema file: readable JSON that parses as a schema ('' for none)."""
+    if not isinstance(value, str):
+        raise ConfigError(f"vllm_hybrid: modules {value!r} must be a file path (a string)")
+    path = value.strip()
+    if not path:
+        return ""
+    try:
+        with open(path, encoding="utf-8") as f:
+            ModuleSchema.parse(json.load(f))
+    except OSError as error:
+        raise ConfigError(f"vllm_hybrid: modules file {path!r}: {error.strerror}") from None
+    except ValueError as error:  # bad JSON, or a bad schema (ModuleError)
+        kind = "" if isinstance(error, ModuleError) else "not JSON: "
+        raise ConfigError(f"vllm_hybrid: modules file {path!r}: {kind}{error}") from None
+    return path
 
 
 def _nonempty(key: str, value: Any) -> str:

@@ -85,6 +85,8 @@ class HybridServingMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path")
+        if scope.get("type") == "lifespan":
+            return await self.app(scope, receive, self._on_startup(scope, send))
         if scope.get("type") == "http" and path == MODULES and scope.get("method") == "GET":
             return await self._list_modules(send)
         if scope.get("type") != "http" or scope.get("method") != "POST":
@@ -308,9 +310,42 @@ class HybridServingMiddleware:
 
     # ------------------------------------------------------------------ prompt modules
     async def _register_modules(self, scope: Scope, body: Any, send: Send) -> None:
-        """``POST /v1/hybrid/modules``: validate a schema (``core/modules.py``), tokenize each
-        module, prewarm and pin every path (breakpoints at its module boundaries); replaces
-        what was registered. 400 on a bad schema; vLLM's own answer if it refuses a call."""
+        """``POST /v1/hybrid/modules``: see :meth:`_register`."""
+        status, payload = await self._register(scope, body)
+        await _send_json(send, status, payload)
+
+    def _on_startup(self, scope: Scope, send: Send) -> Send:
+        """The lifespan ``send``, registering the ``modules`` setting's schema file once vLLM's
+        own startup is complete (its engine and routes are up then); a failure fails the start."""
+
+        async def wrapped(message: Message) -> None:
+            path = self.config(scope).modules
+            if message.get("type") == "lifespan.startup.complete" and path:
+                try:
+                    with open(path, encoding="utf-8") as f:
+                        body = json.load(f)
+                    status, payload = await self._register(_internal_scope(scope), body)
+                except (OSError, ValueError) as error:
+                    status, payload = 400, _error(str(error))
+                if status != 200:
+                    error = payload.get("error") if isinstance(payload, dict) else None
+                    reason = error.get("message") if isinstance(error, dict) else payload
+                    message = {
+                        "type": "lifespan.startup.failed",
+                        "message": f"vllm-hybrid: modules file {path!r}: {reason}",
+                    }
+                    logger.error("%s", message["message"])
+                else:
+                    logger.info("vllm-hybrid: modules file %s registered", path)
+            await send(message)
+
+        return wrapped
+
+    async def _register(self, scope: Scope, body: Any) -> tuple[int, Any]:
+        """Validate a schema (``core/modules.py``), tokenize each module, prewarm and pin every
+        path (breakpoints at its module boundaries); replaces what was registered. (400, error)
+        on a bad schema; vLLM's own (status, answer) if it refuses a call; else (200, the
+        registration)."""
         try:
             schema = ModuleSchema.parse(body)
             limit = self.config(scope).max_pin_ttl_s
@@ -330,9 +365,9 @@ class HybridServingMiddleware:
                 if not ids[name]:
                     raise ModuleError(f"modules.{name} tokenizes to no token")
         except CacheOptionError as error:
-            return await _send_json(send, 400, _error(str(error)))
+            return 400, _error(str(error))
         except _Upstream as refused:
-            return await _send_json(send, refused.status, refused.answer)
+            return refused.status, refused.answer
         registered = _Modules(schema, lead, ids)
         prewarmed = []
         # One at a time, in order: a prefix shared by several paths is computed by the first
@@ -343,7 +378,7 @@ class HybridServingMiddleware:
                 scope, prompt, schema.ttl_s, schema.model, schema.cache_salt, bounds
             )
             if status != 200 and refused is None:
-                return await _send_json(send, status, payload)  # nothing registered
+                return status, payload  # nothing registered
             entry: dict[str, Any] = {"path": list(path), "boundaries": bounds}
             if refused is None:
                 entry.update(
@@ -361,7 +396,7 @@ class HybridServingMiddleware:
             len(schema.modules),
             len(schema.paths),
         )
-        await _send_json(send, 200, registered.describe())
+        return 200, registered.describe()
 
     async def _list_modules(self, send: Send) -> None:
         """``GET /v1/hybrid/modules``: what is registered (``modules`` empty if nothing)."""
@@ -506,6 +541,26 @@ def _replay(data: bytes, receive: Receive | None) -> Receive:
         return {"type": "http.disconnect"}
 
     return replay
+
+
+def _internal_scope(lifespan: Scope) -> Scope:
+    """An HTTP scope for in-process calls made outside any request (at startup)."""
+    return {
+        "type": "http",
+        "asgi": lifespan.get("asgi", {"version": "3.0"}),
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/",
+        "raw_path": b"/",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [],
+        "client": ("127.0.0.1", 0),
+        "server": ("127.0.0.1", 0),
+        "app": lifespan.get("app"),
+        "state": dict(lifespan.get("state") or {}),
+    }
 
 
 def _with_length(scope: Scope, length: int) -> Scope:
