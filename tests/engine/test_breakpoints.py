@@ -456,3 +456,22 @@ def test_breakpoints_prewarm_example(server):
     assert got["second_conversation"] == got["breakpoint"] // BLOCK * BLOCK > 0
     assert got["report"]["reason"] == "no_snapshot"  # KV to 512, the state at 384
     assert got["report"]["diverges_at_token"] > got["breakpoint"]
+
+
+def test_startup_calls_carry_the_servers_api_key(monkeypatch):
+    """The ``modules`` file is registered at start through vLLM's routes, below vLLM's
+    ``AuthenticationMiddleware`` when ``--api-key`` is set: the calls carry the first key."""
+    from types import SimpleNamespace
+
+    from vllm_hybrid.adapters.vllm.serving import _internal_scope
+
+    def app(api_key):
+        return SimpleNamespace(state=SimpleNamespace(args=SimpleNamespace(api_key=api_key)))
+
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    scope = _internal_scope({"type": "lifespan", "app": app(["k1", "k2"])})
+    assert scope["type"] == "http" and (b"authorization", b"Bearer k1") in scope["headers"]
+    assert _internal_scope({"type": "lifespan", "app": app(None)})["headers"] == []
+    monkeypatch.setenv("VLLM_API_KEY", "env-key")
+    scope = _internal_scope({"type": "lifespan", "app": app(None)})
+    assert scope["headers"] == [(b"authorization", b"Bearer env-key")]

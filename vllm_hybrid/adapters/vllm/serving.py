@@ -23,6 +23,11 @@ What it does, per request (everything else passes through untouched):
 * ``POST /v1/hybrid/prewarm``: computes a prefix (a completion of one token with
   ``cache_pin_ttl_s``) and answers with the pin the engine took, or HTTP 400 with the engine's
   reason when the pin does not fit.
+* ``POST /v1/hybrid/modules`` (or the ``modules`` setting's file, at startup): registers
+  prompt modules (``core/modules.py``): tokenizes each module, prewarms and pins every path
+  with a breakpoint at each module boundary; ``GET`` lists them. ``POST /v1/completions`` with
+  ``vllm_xargs: {"modules": [names]}`` gets the modules' token ids before its own prompt and
+  breakpoints at their boundaries.
 
 Bad cache options get HTTP 400 in vLLM's error shape (``{"error": {"message", "type",
 "param", "code"}}``). Parsing and validation are in ``core/breakpoints.py`` and
@@ -34,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -544,7 +550,13 @@ def _replay(data: bytes, receive: Receive | None) -> Receive:
 
 
 def _internal_scope(lifespan: Scope) -> Scope:
-    """An HTTP scope for in-process calls made outside any request (at startup)."""
+    """An HTTP scope for in-process calls made outside any request (at startup). With
+    ``--api-key`` (or ``VLLM_API_KEY``) it carries the server's first key, which vLLM's
+    ``AuthenticationMiddleware`` (``vllm/entrypoints/serve/middleware/``, below ours) checks."""
+    app = lifespan.get("app")
+    args = getattr(getattr(app, "state", None), "args", None)
+    keys = [k for k in (getattr(args, "api_key", None) or [os.environ.get("VLLM_API_KEY")]) if k]
+    headers = [(b"authorization", f"Bearer {keys[0]}".encode())] if keys else []
     return {
         "type": "http",
         "asgi": lifespan.get("asgi", {"version": "3.0"}),
@@ -555,10 +567,10 @@ def _internal_scope(lifespan: Scope) -> Scope:
         "raw_path": b"/",
         "root_path": "",
         "query_string": b"",
-        "headers": [],
+        "headers": headers,
         "client": ("127.0.0.1", 0),
         "server": ("127.0.0.1", 0),
-        "app": lifespan.get("app"),
+        "app": app,
         "state": dict(lifespan.get("state") or {}),
     }
 
