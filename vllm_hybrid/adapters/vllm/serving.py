@@ -331,8 +331,8 @@ class HybridServingMiddleware:
                     with open(path, encoding="utf-8") as f:
                         body = json.load(f)
                     status, payload = await self._register(_internal_scope(scope), body)
-                except (OSError, ValueError) as error:
-                    status, payload = 400, _error(str(error))
+                except (OSError, ValueError) as failure:
+                    status, payload = 400, _error(str(failure))
                 if status != 200:
                     error = payload.get("error") if isinstance(payload, dict) else None
                     reason = error.get("message") if isinstance(error, dict) else payload
@@ -372,8 +372,8 @@ class HybridServingMiddleware:
                     raise ModuleError(f"modules.{name} tokenizes to no token")
         except CacheOptionError as error:
             return 400, _error(str(error))
-        except _Upstream as refused:
-            return refused.status, refused.answer
+        except _Upstream as upstream:
+            return upstream.status, upstream.answer
         registered = _Modules(schema, lead, ids)
         prewarmed = []
         # One at a time, in order: a prefix shared by several paths is computed by the first
