@@ -203,9 +203,22 @@ def test_report_reasons() -> None:
 def test_report_history_is_bounded() -> None:
     history = ReuseHistory(block_tokens=2, max_blocks=3, max_prompts=1)
     history.record(tokens((0, 8)), None)
+    history.explain(tokens((50, 4)), None, 0, 0)  # recording is lazy: the report catches up
     assert len(history._blocks) == 3 and len(history._prompts) == 1
     with pytest.raises(ValueError, match="block_tokens"):
         ReuseHistory(block_tokens=0)
+    with pytest.raises(ValueError, match="max_pending"):
+        ReuseHistory(block_tokens=2, max_pending=0)
+
+
+def test_report_history_records_lazily_and_forgets_the_oldest_pending() -> None:
+    history = ReuseHistory(block_tokens=4, max_pending=2)
+    history.record(tokens((0, 8)), None)
+    assert not history._blocks  # nothing hashed until a report asks
+    history.record(tokens((100, 8)), None)
+    history.record(tokens((200, 8)), None)  # the first prompt falls out of the queue
+    assert history.explain(tokens((0, 8), (300, 4)), None, 0, 0)["reason"] == "new_prefix"
+    assert history.explain(tokens((200, 8), (300, 4)), None, 0, 0)["reason"] == "evicted"
 
 
 def test_pin_settings() -> None:

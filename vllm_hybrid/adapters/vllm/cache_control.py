@@ -75,6 +75,7 @@ class CacheControl:
         )
         self.history = ReuseHistory(self.block_tokens)
         self.requests: dict[str, _Request] = {}
+        self._stopping: set[str] = set()  # ids of requests with breakpoint stops pending
         self.breakpoint_stops = 0  # breakpoints that moved a chunk end (metrics)
 
     # ------------------------------------------------------------------ lookup and stops
@@ -110,6 +111,8 @@ class CacheControl:
         if junction > hit_tokens:
             stops.add(junction)
         state.stops = sorted(stops)
+        if state.stops:
+            self._stopping.add(request.request_id)
         return state.stops[0] if state.stops else junction
 
     def vllm_junction(self, request: Any) -> int:
@@ -123,20 +126,25 @@ class CacheControl:
             request = requests.get(new.req_id)
             if request is not None:
                 self._started(request, new.num_computed_tokens)
-        for req_id in out.num_scheduled_tokens:
+        if not self._stopping:
+            return  # the common case: no request has a breakpoint ahead (O(1) per step)
+        for req_id in self._stopping.intersection(out.num_scheduled_tokens):
             state = self.requests.get(req_id)
-            if state is None or not state.stops:
-                continue
             request = requests.get(req_id)
-            if request is None:
+            if state is None or request is None or not state.stops:
+                self._stopping.discard(req_id)
                 continue
             done = request.num_computed_tokens  # already advanced by this step (vLLM)
             while state.stops and hit_position(state.stops[0], self.block_tokens) <= done:
                 self.breakpoint_stops += state.stops.pop(0) in state.applied
             if state.stops:
                 request.shared_prefix_boundary = state.stops[0]
+            else:
+                self._stopping.discard(req_id)
 
     def _started(self, request: Any, hit_tokens: int) -> None:
+        # Kept by reference (the history is lazy): vLLM never mutates Request.prompt_token_ids
+        # (vllm/v1/request.py copies it into _all_token_ids for the outputs).
         tokens = request.prompt_token_ids or []
         state = self.requests.get(request.request_id)
         if state is not None and state.options.report:
@@ -150,6 +158,7 @@ class CacheControl:
         state = self.requests.pop(request.request_id, None)
         if state is None:
             return None
+        self._stopping.discard(request.request_id)
         result: dict[str, Any] = {}
         if state.error:
             result["error"] = state.error
