@@ -250,23 +250,19 @@ class HybridBlockPool(BlockPool):
         queue, holds = self.free_block_queue, self._hy_mirror.holds
         ret: list[KVCacheBlock] = []
         skipped: list[KVCacheBlock] = []
-        for block in head:
-            if not holds(block.block_id):
-                ret.append(block)
-            elif take_cached > 0:
-                take_cached -= 1
-                ret.append(block)
-            else:
-                skipped.append(block)
-        while len(ret) < num_blocks:
-            block = queue.popleft()
-            if not holds(block.block_id):
-                ret.append(block)
-            elif take_cached > 0:
-                take_cached -= 1
-                ret.append(block)
-            else:
-                skipped.append(block)
+        batch = head
+        while True:  # each batch is the shortfall, so exactly the blocks one-at-a-time pops
+            for block in batch:
+                if not holds(block.block_id):
+                    ret.append(block)
+                elif take_cached > 0:
+                    take_cached -= 1
+                    ret.append(block)
+                else:
+                    skipped.append(block)
+            if len(ret) >= num_blocks:
+                break
+            batch = queue.popleft_n(num_blocks - len(ret))
         queue.append_n(skipped)
         return ret
 
