@@ -195,13 +195,19 @@ class HybridServingMiddleware:
         if xargs is not None and not isinstance(xargs, dict):
             return CacheOptions()  # vLLM's own validation answers for it
         options = CacheOptions.from_extra_args(xargs)
-        limit = self.config(scope).max_pin_ttl_s
-        if options.pin_ttl_s is not None and options.pin_ttl_s > limit:
-            raise CacheOptionError(
-                f"{PIN_TTL}: {options.pin_ttl_s:g} s exceeds the server's limit of {limit:g} s "
-                "(max_pin_ttl_s)"
-            )
+        if options.pin_ttl_s is not None:
+            self._check_ttl(scope, PIN_TTL, options.pin_ttl_s, CacheOptionError)
         return options
+
+    def _check_ttl(
+        self, scope: Scope, name: str, ttl_s: float, error: type[CacheOptionError]
+    ) -> None:
+        """A pin TTL over the server's ``max_pin_ttl_s`` is a 400 (``error``) naming ``name``."""
+        limit = self.config(scope).max_pin_ttl_s
+        if ttl_s > limit:
+            raise error(
+                f"{name}: {ttl_s:g} s exceeds the server's limit of {limit:g} s (max_pin_ttl_s)"
+            )
 
     def config(self, scope: Scope) -> HybridCacheConfig:
         """The server's hybrid settings (``additional_config["vllm_hybrid"]``), read once."""
@@ -229,12 +235,7 @@ class HybridServingMiddleware:
     async def _prewarm(self, scope: Scope, body: Any, send: Send) -> None:
         try:
             request = PrewarmRequest.parse(body)
-            limit = self.config(scope).max_pin_ttl_s
-            if request.ttl_s > limit:
-                raise CacheOptionError(
-                    f"prewarm: ttl_s {request.ttl_s:g} exceeds the server's limit of {limit:g} s "
-                    "(max_pin_ttl_s)"
-                )
+            self._check_ttl(scope, "prewarm: ttl_s", request.ttl_s, CacheOptionError)
             prompt: Any = request.prompt
             if request.messages is not None:
                 if chat_markers(request.messages):
@@ -354,12 +355,7 @@ class HybridServingMiddleware:
         registration)."""
         try:
             schema = ModuleSchema.parse(body)
-            limit = self.config(scope).max_pin_ttl_s
-            if schema.ttl_s > limit:
-                raise ModuleError(
-                    f"ttl_s {schema.ttl_s:g} exceeds the server's limit of {limit:g} s "
-                    "(max_pin_ttl_s)"
-                )
+            self._check_ttl(scope, "ttl_s", schema.ttl_s, ModuleError)
             model = {"model": schema.model} if schema.model is not None else {}
             # The special tokens the tokenizer puts before a prompt (none on many models).
             lead = await self._tokens(scope, {**model, "prompt": "", "add_special_tokens": True})
