@@ -28,6 +28,8 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from vllm_hybrid.core.breakpoints import common_prefix_tokens
+
 Tokenize = Callable[[str], list[str]]
 _TOKEN_RE = re.compile(r"\w+|[^\w\s]|\s+")
 KINDS = [
@@ -110,20 +112,12 @@ def load_log(path: str) -> list[Prompt]:
     return [p for p in prompts if p is not None]
 
 
-def common_prefix(a: Sequence[str], b: Sequence[str]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 def resync(a: Sequence[str], b: Sequence[str], at: int) -> tuple[int, int, int] | None:
     """Smallest (skip_a, skip_b) after ``at`` where a and b agree again; with the run length."""
     for total in range(2, 2 * MAX_SPAN_TOKENS + 1):
         for skip_a in range(max(1, total - MAX_SPAN_TOKENS), min(total, MAX_SPAN_TOKENS + 1)):
             skip_b = total - skip_a
-            run = common_prefix(a[at + skip_a :], b[at + skip_b :])
+            run = common_prefix_tokens(a[at + skip_a :], b[at + skip_b :])
             if run >= MIN_RUN_TOKENS:
                 return skip_a, skip_b, run
     return None
@@ -140,7 +134,7 @@ def best_previous(tokens: list[list[str]], i: int, window: int) -> tuple[int, in
     """The earlier prompt (within ``window``) with the longest common prefix, and its length."""
     best, best_len = -1, -1
     for j in range(max(0, i - window), i):
-        n = common_prefix(tokens[i], tokens[j])
+        n = common_prefix_tokens(tokens[i], tokens[j])
         if n > best_len:
             best, best_len = j, n
     return best, best_len
@@ -168,7 +162,9 @@ def _breaker_at(
 ) -> Breaker | None:
     """What breaks the shared prefix of ``a`` (this prompt) and ``b`` (an earlier one) at lcp."""
     if _tools_reordered(prompt, other, len("".join(a[:lcp]))):
-        saved = common_prefix(tokenize(prompt.canonical_text), tokenize(other.canonical_text))
+        saved = common_prefix_tokens(
+            tokenize(prompt.canonical_text), tokenize(other.canonical_text)
+        )
         return Breaker(
             "reordered tools", prompt.line, other.line, lcp, "".join(a[lcp : lcp + 8]), saved - lcp
         )

@@ -314,8 +314,9 @@ def merge_breakpoints(extra: Mapping[str, Any] | None, positions: Sequence[int])
     return out
 
 
-def common_prefix_tokens(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token sequences."""
+def common_prefix_tokens(a: Sequence[object], b: Sequence[object]) -> int:
+    """Length of the longest common prefix of two sequences (token ids, or words for
+    ``vllm-hybrid advise``)."""
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:
