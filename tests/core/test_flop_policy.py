@@ -86,3 +86,23 @@ def test_a_leaf_state_is_a_candidate_alone_only_while_its_kv_is_in_use() -> None
     leaf.refs = 1  # an engine request holds the KV it resumed from
     prio = pol.snapshot_priority(leaf, 1)
     assert prio is not None and prio > pol.clock
+
+
+def test_the_classes_remembered_per_request_are_bounded() -> None:
+    """flop remembers the class of the most recent requests only (a long-running engine must
+    not grow with every request it served); a forgotten inserter ranks as never seen."""
+    pol = FlopPolicy(CostModel(load_shape("zamba2-7b"), 64))
+    pol.origins_kept = 4
+    root = Node("root", None, 0, 0, 0)
+    for t in range(10):  # each inserts new content; each resumes from the previous one's
+        resumed = Node(("n", t), None, 0, 64, 0)
+        resumed.origin = t - 1
+        pol.observe(_ctx(t, 256, 64 if t else 0, 64 if t else 0, True), resumed if t else root)
+        assert len(pol._class_of) <= 4 and pol._reused_origins <= set(pol._class_of)
+    assert sorted(pol._class_of) == [6, 7, 8, 9]
+    old = Node("old", None, 0, 64, 0)
+    old.origin = 2  # forgotten
+    assert pol.reuse_probability(old) == 1.0
+    recent = Node("recent", None, 0, 64, 0)
+    recent.origin = 8  # remembered: its class's learned rate (<1: not every insert was reused)
+    assert pol.reuse_probability(recent) < 1.0

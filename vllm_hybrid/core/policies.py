@@ -35,6 +35,10 @@ _NEVER = float("-inf")
 _DEPTH_SLOTS = float(1 << 22)  # tie-break room below one time step for LRU keys
 _HIT_CAP = 3  # hit counts >= this share one learned reuse rate
 _DEPTH_CLASSES = 32  # log2 buckets of content depth for the learned reuse rate
+#: Requests whose class ``flop`` remembers (for the nodes they inserted): the most recent ones,
+#: so its memory is bounded (~6 MB) on an engine that serves requests for months; a node whose
+#: inserter was forgotten ranks as a class never seen (P = 1, as at the start).
+_ORIGINS_KEPT = 1 << 16
 
 
 def _segment(node: Node, host: HostTier | None = None) -> tuple[int, int]:
@@ -233,6 +237,7 @@ class FlopPolicy(_Base):
         self._inserted = [0] * 2 * _DEPTH_CLASSES
         self._reused = [0] * 2 * _DEPTH_CLASSES
         self._reused_origins: set[int] = set()
+        self.origins_kept = _ORIGINS_KEPT
         # reached[branch][k]: snapshots that got a k-th hit (the last slot counts every hit
         # past the cap), so P(another hit | k hits) is learned online: chat histories are
         # resumed once and die, shared prefixes are resumed again and again. Branch points
@@ -264,6 +269,10 @@ class FlopPolicy(_Base):
             cls = 2 * depth + int(ctx.hit_tokens > 0)
             self._class_of[ctx.request_index] = cls
             self._inserted[cls] += 1
+            if len(self._class_of) > self.origins_kept:  # indices grow: the first is the oldest
+                oldest = next(iter(self._class_of))
+                del self._class_of[oldest]
+                self._reused_origins.discard(oldest)
 
     def reuse_probability(self, node: Node) -> float:
         """Learned P(another hit): by hit count once resumed from, else by inserter class."""
