@@ -34,8 +34,13 @@ from vllm_hybrid.sim.replay import replay  # noqa: E402
 from vllm_hybrid.sim.trace import KeyedRequest, load_mooncake  # noqa: E402
 
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
-CONFIGS = (("device", False, False), ("+host", False, True), ("int8", True, False))
-CONFIGS += (("int8+host", True, True),)
+#: (label, int8 snapshots, host tier)
+CONFIGS = (
+    ("device", False, False),
+    ("+host", False, True),
+    ("int8", True, False),
+    ("int8+host", True, True),
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
