@@ -35,6 +35,10 @@ fraction``          PINNED_FRACTION                                 that pins (p
                                                                     ``core/modules.py``) the
                                                                     server registers and
                                                                     prewarms at start
+``host_tier_gb``    VLLM_HYBRID_HOST_      ``0`` (off)              host-memory tier for
+                    TIER_GB                                         state snapshots the policy
+                                                                    evicts alone, in GB (1e9
+                                                                    bytes; docs/host_tier.md)
 ==================  =====================  =======================  =========================
 """
 
@@ -57,6 +61,7 @@ ENV = {
     "max_pinned_fraction": "VLLM_HYBRID_MAX_PINNED_FRACTION",
     "max_pin_ttl_s": "VLLM_HYBRID_MAX_PIN_TTL_S",
     "modules": "VLLM_HYBRID_MODULES",
+    "host_tier_gb": "VLLM_HYBRID_HOST_TIER_GB",
 }
 SNAPSHOT_MODES = ("auto", "engine", "dense")
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
@@ -77,10 +82,16 @@ class HybridCacheConfig:
     max_pinned_fraction: float = 0.25
     max_pin_ttl_s: float = 3600.0
     modules: str = ""
+    host_tier_gb: float = 0.0
 
     @property
     def enabled(self) -> bool:
         return self.policy != STOCK
+
+    @property
+    def host_tier_bytes(self) -> int:
+        """The host tier's budget in bytes (0: the tier is off)."""
+        return int(self.host_tier_gb * 1e9)
 
     @classmethod
     def from_sources(
@@ -114,6 +125,9 @@ class HybridCacheConfig:
                 "max_pin_ttl_s", raw.get("max_pin_ttl_s", cls.max_pin_ttl_s), low=0.0
             ),
             modules=_modules_file(raw.get("modules", cls.modules)),
+            host_tier_gb=_number(
+                "host_tier_gb", raw.get("host_tier_gb", cls.host_tier_gb), low=0.0, high=1e6
+            ),
         )
 
 

@@ -134,6 +134,15 @@ class PoolMirror:
         self._events = False
         self._used: set[int] = set()
         self._serial = 0
+        #: Optional hooks for a second tier of snapshots (the engine's host tier,
+        #: ``adapters/vllm/host_ledger.py``); None (the default) changes nothing.
+        #: ``on_snapshot_evicted(node, pages by state group, priority)``: the policy evicts
+        #: ``node``'s snapshot alone (its KV stays), before its pages are dropped.
+        self.on_snapshot_evicted: Callable[[Node, dict[int, list[int]], float], None] | None = None
+        #: ``on_entry_deleted(key)``: the engine holds no page under ``key`` any more.
+        self.on_entry_deleted: Callable[[Hashable], None] | None = None
+        #: ``on_snapshot_added(node)``: ``node`` has a page in every state group again.
+        self.on_snapshot_added: Callable[[Node], None] | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -314,6 +323,11 @@ class PoolMirror:
     # ----------------------------------------------------------------- queries
     def keys_of(self, page: int) -> set[PageKey]:
         return set(self._page_keys.get(page, ()))
+
+    def live_node(self, key: Hashable) -> Node | None:
+        """``key``'s node if its entry is live (the KV of its whole prefix is held), else None."""
+        entry = self._entries.get(key)
+        return entry.node if entry is not None and entry.live else None
 
     def node_of(self, key: Hashable) -> Node | None:
         """The node the policy ranks for ``key``, while the engine holds a page under it."""
@@ -506,6 +520,8 @@ class PoolMirror:
     def _group_added(self, entry: _Entry, group: int) -> None:
         if self._is_state[group]:
             entry.node.has_snapshot = entry.pages.keys() >= self.state_groups
+            if entry.node.has_snapshot and self.on_snapshot_added is not None:
+                self.on_snapshot_added(entry.node)
         elif not entry.live and self._can_live(entry):
             self._attach(entry)
 
@@ -604,6 +620,8 @@ class PoolMirror:
         self._dead.discard(key)
         self._dirty.pop(entry.serial, None)
         del self._by_serial[entry.serial]
+        if self.on_entry_deleted is not None:
+            self.on_entry_deleted(key)
 
     # ----------------------------------------------------------------- ranking
     def _mark(self, entry: _Entry) -> None:
@@ -704,6 +722,9 @@ class PoolMirror:
                 hook(entry.node, kind == _SNAP, self._n_live)  # live entries, not units
             if kind == _SNAP:
                 self.stats.snapshot_units += 1
+                if self.on_snapshot_evicted is not None:  # the pages still hold the state
+                    by_group = {g: sorted(entry.pages[g]) for g in sorted(self.state_groups)}
+                    self.on_snapshot_evicted(entry.node, by_group, prio)
             else:
                 self.stats.kv_units += 1
             victims = self._victims
