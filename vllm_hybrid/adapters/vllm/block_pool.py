@@ -20,6 +20,10 @@ while the pool holds no cached block yet. What is overridden and why:
   only free pages are leaf states that its units keep with their KV), the rest comes from the
   head of vLLM's LRU queue as before (counted in ``fallback_pages``).
 * ``reset_prefix_cache``: clears the mirror when vLLM clears its map.
+
+With the host tier on (``host_tier_gb``, ``host_ledger.py``), :meth:`HybridBlockPool.hy_promote`
+brings a host snapshot back before vLLM's lookup: fresh blocks, cached under the snapshot's hash
+like any state, held until the step's copies are shipped (:meth:`hy_release_promoted`).
 """
 
 from __future__ import annotations
@@ -35,8 +39,10 @@ from vllm.v1.core.kv_cache_utils import (
     KVCacheBlock,
     get_block_hash,
     get_group_id,
+    make_block_hash_with_group_id,
 )
 
+from vllm_hybrid.adapters.vllm.host_ledger import HostLedger
 from vllm_hybrid.core.cache_stats import KV, SNAPSHOT, PageCounts
 from vllm_hybrid.core.feed import RequestFeed
 from vllm_hybrid.core.pool_mirror import PoolMirror, VictimStats
@@ -59,6 +65,8 @@ class HybridBlockPool(BlockPool):
     hy_debug: bool
     hy_block_bytes: int  # bytes of one block in all groups (for the byte gauges)
     hy_origin: dict[str, int]  # request id -> its index in the feed, while it runs
+    hy_host: HostLedger | None  # the host tier, if on (set by the scheduler's activate())
+    _hy_promoted: list[KVCacheBlock]  # blocks of this step's promotions, held until shipped
 
     # ---------------------------------------------------------------- mirroring the hash map
     def cache_full_blocks(self, request: Any, *args: Any, **kwargs: Any) -> None:
@@ -136,7 +144,54 @@ class HybridBlockPool(BlockPool):
         if done:
             self._hy_mirror.clear()
             self.hy_pages.on_reset()
+            if self.hy_host is not None:
+                self.hy_host.clear()
         return done
+
+    # ---------------------------------------------------------------- host tier
+    def hy_promote(self, request: Any) -> bool:
+        """Before vLLM's lookup of a waiting ``request``
+        (``Scheduler._get_local_prefix_cache_hit``): if its usable prefix ends deeper on a host
+        snapshot than on any device one, copy it back into fresh blocks (one per Mamba group)
+        cached under its hash, so that
+        ``MambaManager.find_longest_cache_hit`` finds it like any cached state. The blocks are
+        held (``ref_cnt`` 1) until :meth:`hy_release_promoted`, after the step's copies are
+        shipped; the worker fills them before the step reads or writes any block."""
+        host = self.hy_host
+        if host is None or not request.block_hashes:
+            return False
+        hashes, hash_block = request.block_hashes, self.hash_block_size
+        found = host.find_promotion(lambda end: hashes[end // hash_block - 1], request.num_tokens)
+        if found is None:
+            return False
+        node, end = found
+        groups = host.state_groups
+        if self.free_block_queue.num_free_blocks < len(groups):
+            return False
+        blocks = self.get_new_blocks(len(groups))  # may evict (and demote) other states
+        if host.mirror.live_node(node.key) is not node or not host.tier.holds(node):
+            # the allocation evicted KV of the path (or the host dropped the state): give up
+            self.free_blocks(blocks)
+            host.aborted += 1
+            return False
+        host.promote(node, [b.block_id for b in blocks])
+        self._hy_request = request
+        try:  # as cache_full_blocks caches a full block: its hash, num_tokens = its end
+            for group, block in zip(groups, blocks, strict=True):
+                key = make_block_hash_with_group_id(node.key, group)  # type: ignore[arg-type]
+                self._insert_block_hash(key, block, end)
+        finally:
+            self._hy_request = None
+        self._hy_promoted.extend(blocks)
+        return True
+
+    def hy_release_promoted(self) -> None:
+        """Drop our hold on this step's promoted blocks (the scheduler calls it after
+        ``schedule()``: the copies are in the step's connector metadata). A block whose request
+        was scheduled keeps that request's reference; the others become free cached states."""
+        if self._hy_promoted:
+            blocks, self._hy_promoted = self._hy_promoted, []
+            self.free_blocks(blocks)
 
     # ---------------------------------------------------------------- eviction
     def _hy_is_free(self, page: int) -> bool:
@@ -280,6 +335,8 @@ class HybridBlockPool(BlockPool):
             n_free += block.ref_cnt == 0 and not block.is_null
         assert n_free == self.get_num_free_blocks(), "free queue != blocks with ref_cnt 0"
         self._hy_check_page_counts()
+        if self.hy_host is not None:
+            self.hy_host.check_integrity()
 
     def _hy_check_page_counts(self) -> None:
         """``hy_pages`` (metrics) agrees with the pages the mirror holds, by kind."""
@@ -324,4 +381,6 @@ def install(pool: BlockPool, mirror: PoolMirror) -> HybridBlockPool:
     hybrid.hy_debug = False
     hybrid.hy_block_bytes = 0
     hybrid.hy_origin = {}
+    hybrid.hy_host = None
+    hybrid._hy_promoted = []
     return hybrid

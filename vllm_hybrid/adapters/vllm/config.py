@@ -66,3 +66,47 @@ def engine_cost_model(
         cost.snapshot_bytes,
     )
     return cost
+
+
+def configure_host_tier(engine_args: Any) -> None:
+    """With ``host_tier_gb > 0`` (``additional_config["vllm_hybrid"]`` or the environment),
+    select our host-tier connector in ``engine_args.kv_transfer_config`` before vLLM builds its
+    config (``EngineArgs.create_engine_config``, which both ``LLM`` and ``vllm serve`` call).
+    Refuses (ConfigError) if the user selected another KV connector or vLLM's KV offloading:
+    vLLM has one connector slot. Host tier off: nothing changes."""
+    extra = getattr(engine_args, "additional_config", None) or {}
+    section = extra.get(SECTION) if isinstance(extra, dict) else None
+    if section is not None and not isinstance(section, dict):
+        return  # load_config refuses it in the engine, with its message
+    config = HybridCacheConfig.from_sources(section, os.environ)
+    if config.host_tier_bytes <= 0 or not config.enabled:
+        return
+    from vllm.config.kv_transfer import KVTransferConfig
+
+    from vllm_hybrid.adapters.vllm.host_connector import BYTES_KEY, CONNECTOR_NAME, MODULE_PATH
+
+    current = engine_args.kv_transfer_config
+    name = (
+        current.get("kv_connector")
+        if isinstance(current, dict)
+        else (getattr(current, "kv_connector", None))
+    )
+    if name is not None and name != CONNECTOR_NAME:
+        raise ConfigError(
+            f"vllm_hybrid: host_tier_gb {config.host_tier_gb:g} needs vLLM's KV connector slot "
+            f"for {CONNECTOR_NAME}, but --kv-transfer-config already selects {name}; "
+            "set host_tier_gb to 0 or drop the other connector"
+        )
+    if getattr(engine_args, "kv_offloading_size", None) is not None:
+        raise ConfigError(
+            f"vllm_hybrid: host_tier_gb {config.host_tier_gb:g} cannot run with "
+            "--kv-offloading-size (vLLM's offloading connector takes the one connector slot); "
+            "set host_tier_gb to 0 or drop --kv-offloading-size"
+        )
+    engine_args.kv_transfer_config = KVTransferConfig(
+        kv_connector=CONNECTOR_NAME,
+        kv_role="kv_consumer",  # it only brings states back; no producer-side hand-off paths
+        kv_connector_module_path=MODULE_PATH,
+        kv_connector_extra_config={BYTES_KEY: config.host_tier_bytes},
+    )
+    logger.info("vllm-hybrid: host tier of %g GB: %s selected", config.host_tier_gb, CONNECTOR_NAME)

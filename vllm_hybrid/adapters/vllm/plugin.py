@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 from vllm_hybrid.adapters.vllm.version import check_vllm_version
 
@@ -37,6 +38,7 @@ def register() -> None:
 
         patch_cpu_mamba2_prefix_caching()
     select_hybrid_scheduler()
+    select_host_tier_connector()
 
 
 def share_vllm_logging() -> None:
@@ -82,4 +84,29 @@ def select_hybrid_scheduler() -> bool:
 
     get_scheduler_cls._vllm_hybrid = True  # type: ignore[attr-defined]
     SchedulerConfig.get_scheduler_cls = get_scheduler_cls  # type: ignore[method-assign]
+    return True
+
+
+def select_host_tier_connector() -> bool:
+    """Let ``host_tier_gb`` turn the host tier on by itself: ``EngineArgs.create_engine_config``
+    (``vllm/engine/arg_utils.py``; ``LLM`` and ``vllm serve`` build their config with it, after
+    this plugin was loaded by ``EngineArgs.__post_init__``) first fills in our connector
+    (``config.py::configure_host_tier``). Host tier off: the args are left as they are.
+    Idempotent; refused on another vLLM version."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    original = EngineArgs.create_engine_config
+    if getattr(original, "_vllm_hybrid", False):
+        return True
+    if not check_vllm_version("the host tier's connector"):
+        return False
+
+    def create_engine_config(self: EngineArgs, *args: Any, **kwargs: Any) -> Any:
+        from vllm_hybrid.adapters.vllm.config import configure_host_tier
+
+        configure_host_tier(self)
+        return original(self, *args, **kwargs)
+
+    create_engine_config._vllm_hybrid = True  # type: ignore[attr-defined]
+    EngineArgs.create_engine_config = create_engine_config  # type: ignore[method-assign]
     return True
