@@ -115,6 +115,10 @@ def activate(scheduler: Any) -> HybridBlockPool | None:
     hybrid.hy_block_bytes = block_bytes(scheduler.kv_cache_config)
     hybrid.hy_feed = RequestFeed(policy, cost, pool.hash_block_size)
     hybrid.hy_debug = config.debug
+    if config.host_tier_bytes > 0:
+        from vllm_hybrid.adapters.vllm.host_connector import attach_host_tier
+
+        attach_host_tier(scheduler, hybrid, config)
     logger.info(
         "vllm-hybrid: %s policy on %d blocks of %d tokens (attention groups %s, Mamba %s), "
         "periodic snapshots: %s",
@@ -156,7 +160,12 @@ class _HybridMixin:
 
     def _get_local_prefix_cache_hit(self, request: Any) -> Any:
         """vLLM's lookup (``Scheduler._get_local_prefix_cache_hit``); the request's breakpoints
-        become its ``shared_prefix_boundary`` (see ``cache_control.py``)."""
+        become its ``shared_prefix_boundary`` (see ``cache_control.py``). With the host tier on,
+        a host snapshot the request can resume from is promoted first (``hy_promote``)."""
+        pool = self.hybrid_pool
+        if pool is not None and pool.hy_host is not None:
+            if self.kv_cache_manager.prefix_cache_lookup_enabled(request):  # type: ignore[attr-defined]
+                pool.hy_promote(request)
         blocks, hit, junction, diverged = super()._get_local_prefix_cache_hit(request)  # type: ignore[misc]
         if self.hy_control is not None:
             junction = self.hy_control.on_lookup(request, hit, junction)
@@ -167,6 +176,7 @@ class _HybridMixin:
             self.hy_control.expire()
         out = super().schedule(*args, **kwargs)  # type: ignore[misc]
         if self.hybrid_pool is not None:
+            self.hybrid_pool.hy_release_promoted()  # their copies are in out's connector meta
             self._hy_feed_started(out)
         if self.hy_control is not None:
             self.hy_control.after_schedule(out)
