@@ -84,7 +84,26 @@ def hybrid_totals(pool: Any) -> dict[str, float]:
     ``cache_control.py``) where present."""
     feed = pool.hy_feed
     extra = getattr(pool, "hy_extra_totals", None)
-    return {**_pool_totals(pool, feed), **(extra() if extra is not None else {})}
+    return {
+        **_pool_totals(pool, feed),
+        **host_totals(getattr(pool, "hy_host", None)),
+        **(extra() if extra is not None else {}),
+    }
+
+
+def host_totals(ledger: Any) -> dict[str, float]:
+    """The host tier's counters (``host_ledger.HostLedger``; zeros while the tier is off)."""
+    if ledger is None:
+        keys = ("host_demotes", "host_promotes", "host_drops", "host_snapshots", "host_bytes")
+        return dict.fromkeys(keys, 0.0)
+    tier = ledger.tier
+    return {
+        "host_demotes": tier.demoted,
+        "host_promotes": tier.promoted,
+        "host_drops": tier.dropped + tier.invalidated + tier.superseded,
+        "host_snapshots": len(tier),
+        "host_bytes": tier.used_bytes,
+    }
 
 
 def _pool_totals(pool: Any, feed: Any) -> dict[str, float]:
