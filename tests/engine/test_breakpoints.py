@@ -1,11 +1,13 @@
 """Explicit cache breakpoints, prewarm with pins, cache reports: a real `vllm-hybrid serve`.
 
-One server per module (tiny Zamba2, 128-token blocks, 2,048 pool blocks, pins bounded to 0.7%
-of the pool = 14 pages, integrity checks after every scheduler step). Oracles:
+One server per module (tiny Zamba2, 128-token blocks, prefix match unit 1, 2,048 pool blocks,
+pins bounded to 0.7% of the pool = 14 pages, integrity checks after every scheduler step).
+Oracles:
 
 * a ``cache_control`` mark on the system message puts a breakpoint at exactly the rendered
   system message's token count (vLLM's own ``/tokenize``), and a second conversation with the
-  same system prompt hits at that position floored to the 128-token block;
+  same system prompt hits at exactly that position (inside a 128-token block: vLLM alone
+  would keep the state at the block boundary below it);
 * without the mark the same second conversation hits nothing (vLLM keeps no state there);
 * after a prewarm, the very first real request hits exactly the pinned prefix;
 * greedy outputs with breakpoints equal outputs computed from scratch (the same request under a
@@ -30,6 +32,9 @@ from vllm_hybrid.testing.fixtures import tiny_model_dir
 pytestmark = pytest.mark.engine
 
 BLOCK = 128
+#: The server's prefix match unit (``--prefix-match-unit``): 1 makes every hit land where asked
+#: (a breakpoint's state is kept at exactly its position; docs/serving.md).
+UNIT = 1
 PIN_FRACTION = 0.007  # of 2,048 blocks: 14 pages
 WORDS = (
     "hammer saw drill screw nail bolt anchor paint brush roller tape hose seed soil pot pipe "
@@ -74,6 +79,8 @@ def server(model_root, tmp_path_factory):
         json.dumps(settings),
         "--served-model-name",
         MODEL,
+        "--prefix-match-unit",
+        str(UNIT),
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -134,11 +141,11 @@ def test_breakpoint_on_system_prompt_hits_exactly_there(client, server, block_fo
     report = hybrid["cache_report"]
     assert cached == 0
     assert report["breakpoints"] == [expected]
-    assert report["breakpoint_hit_positions"] == [expected // BLOCK * BLOCK]
+    assert report["breakpoint_hit_positions"] == [expected]
     # A second conversation, same system prompt (unmarked), another user turn.
     cached, _, hybrid = chat(client, [system(seed, False), user(2)], vllm_xargs={"cache_report": 1})
-    assert expected % BLOCK and expected > BLOCK
-    assert cached == expected // BLOCK * BLOCK
+    assert expected % BLOCK and expected > BLOCK  # inside a block: no block boundary helps
+    assert cached == expected  # exactly the breakpoint
     assert hybrid["cache_report"]["hit_tokens"] == cached
     assert hybrid["cache_report"]["ended_on_snapshot"] is True
 
@@ -166,7 +173,7 @@ def test_anthropic_messages_breakpoint_on_a_system_block(server):
         return answer.json()["usage"].get("cache_read_input_tokens") or 0
 
     assert ask(True, 1) == 0
-    assert ask(False, 2) == expected // BLOCK * BLOCK > 0
+    assert ask(False, 2) == expected > 0
 
 
 def complete(client, prompt, **extra):
@@ -184,18 +191,20 @@ def test_modules_file_is_registered_and_prewarmed_at_start(client, server):
     end = listed["lead_tokens"] + sum(m["tokens"] for m in listed["modules"].values())
     (prewarmed,) = listed["prewarmed"]
     assert prewarmed["boundaries"][-1] == end and end % BLOCK
-    assert prewarmed["pinned"] and prewarmed["pinned_tokens"] == end // BLOCK * BLOCK > 0
+    # A prewarm of P tokens keeps the state after P - 1 (the last token is recomputed).
+    assert prewarmed["pinned"] and prewarmed["pinned_tokens"] == end - 1 > 0
     _, cached, _, _ = complete(
         client, "Where is the glue?", vllm_xargs={"modules": ["intro", "policy"]}
     )
-    assert cached == end // BLOCK * BLOCK
+    assert cached == end - 1
 
 
 def test_prompt_modules_hit_at_the_second_module_boundary_on_first_appearance(client, server):
     """Issue 6 acceptance: modules (system, doc_a, doc_b) on the path
     [system, {union: [doc_a, doc_b]}], registered over HTTP; the first request ever importing
-    [system, doc_b] hits at doc_b's end floored to the block. Placed before the prewarm tests:
-    its pins (2 s) must expire before those need the 14-page pin budget."""
+    [system, doc_b] hits at doc_b's end (less the prewarm's recomputed last token). Placed
+    before the prewarm tests: its pins (2 s) must expire before those need the 14-page pin
+    budget."""
     schema = {
         "modules": {
             "system": text(81, 57) + "\n",  # ~180 tokens each: system ends in block 1,
@@ -219,14 +228,14 @@ def test_prompt_modules_hit_at_the_second_module_boundary_on_first_appearance(cl
         ).json()["count"]
         - lead
     )
-    # The guards that make the oracle below exact (states are kept at block boundaries).
-    assert BLOCK < sys_end < 2 * BLOCK < ends["doc_b"] and ends["doc_b"] % BLOCK
+    # Module ends inside blocks: no block boundary helps (prefix match unit 1: hits are exact).
+    assert BLOCK < sys_end < 2 * BLOCK < ends["doc_b"] and ends["doc_b"] % BLOCK and sys_end % BLOCK
     prewarmed = {tuple(p["path"]): p for p in registered["prewarmed"]}
     assert list(prewarmed) == [("system", "doc_a"), ("system", "doc_b")]
-    for doc, cached_before in (("doc_a", 0), ("doc_b", sys_end // BLOCK * BLOCK)):
+    for doc, cached_before in (("doc_a", 0), ("doc_b", sys_end)):
         p = prewarmed[("system", doc)]
         assert p["boundaries"] == [sys_end, ends[doc]] and p["prompt_tokens"] == ends[doc]
-        assert p["pinned"] and p["pinned_tokens"] == (ends[doc] - 1) // BLOCK * BLOCK
+        assert p["pinned"] and p["pinned_tokens"] == ends[doc] - 1
         # doc_b's prewarm resumed from the state doc_a's prewarm kept at system's boundary.
         assert p["cached_tokens"] == cached_before
     listed = httpx.get(f"{server}/v1/hybrid/modules", timeout=30).json()
@@ -236,7 +245,7 @@ def test_prompt_modules_hit_at_the_second_module_boundary_on_first_appearance(cl
     imports = {"modules": ["system", "doc_b"], "cache_report": 1}
     prompt_tokens, cached, reply, hybrid = complete(client, question, vllm_xargs=imports)
     assert prompt_tokens > ends["doc_b"]
-    assert cached == ends["doc_b"] // BLOCK * BLOCK == 2 * BLOCK  # past system's boundary
+    assert cached == ends["doc_b"] - 1  # the prewarm's state, past system's boundary
     assert hybrid["cache_report"]["breakpoints"] == [sys_end, ends["doc_b"]]
     # The same prompt from scratch: a fresh cache_salt shares no block.
     _, fresh_cached, fresh, _ = complete(
@@ -264,7 +273,8 @@ def test_prompt_modules_hit_at_the_second_module_boundary_on_first_appearance(cl
     )
     assert answer.status_code == 400 and "/v1/completions only" in answer.text
     assert httpx.get(f"{server}/v1/hybrid/modules", timeout=30).json()["paths"] == listed["paths"]
-    assert complete(client, question, vllm_xargs=imports)[1] == cached
+    # The same prompt again: its own tail state (kept at P - 1 by the first request) is hit.
+    assert complete(client, question, vllm_xargs=imports)[1] == prompt_tokens - 1
 
 
 def test_without_breakpoint_the_second_conversation_misses(client):
@@ -280,7 +290,7 @@ def test_without_breakpoint_the_second_conversation_misses(client):
 def test_outputs_with_breakpoints_equal_uncached(client, server):
     """Each reply under a fresh cache_salt is computed from scratch (no shared block)."""
     seed, replies = 31, []
-    expected = count_tokens(server, [system(seed, False)]) // BLOCK * BLOCK
+    expected = count_tokens(server, [system(seed, False)])
     for turn in range(2):
         sys_msg = system(seed, marked=turn == 0)
         cached, reply, _ = chat(client, [sys_msg, user(turn)])
@@ -308,8 +318,9 @@ def test_prewarm_then_first_request_hits(client, server):
     )
     assert answer.status_code == 200, answer.text
     pin = answer.json()
-    assert pin["pinned_tokens"] == (count_tokens(server, messages) - 1) // BLOCK * BLOCK
-    assert pin["pinned_pages"] == pin["pinned_tokens"] // BLOCK + 3  # KV + 3 Mamba groups
+    assert pin["pinned_tokens"] == count_tokens(server, messages) - 1
+    # KV blocks (the last one partly filled) + 3 Mamba groups' states.
+    assert pin["pinned_pages"] == -(-pin["pinned_tokens"] // BLOCK) + 3
     cached, _, _ = chat(client, [*messages, user(5)])
     assert cached == pin["pinned_tokens"] > 0
     again = httpx.post(
@@ -325,7 +336,7 @@ def test_prewarm_then_first_request_hits(client, server):
 
 def test_pin_expires_after_its_ttl(client, server):
     answer = httpx.post(
-        f"{server}/v1/hybrid/prewarm", json={"prompt": text(51, 200), "ttl_s": 1}, timeout=120
+        f"{server}/v1/hybrid/prewarm", json={"prompt": text(51, 100), "ttl_s": 1}, timeout=120
     )
     assert answer.status_code == 200, answer.text
     expired = scrape(server).get("vllm_hybrid:pins_expired_total", 0.0)
@@ -464,8 +475,8 @@ def test_breakpoints_prewarm_example(server):
 
     got = load_example("breakpoints_prewarm").main(server, MODEL)
     assert got["first_after_prewarm"] == got["pinned_tokens"] > 0
-    assert got["second_conversation"] == got["breakpoint"] // BLOCK * BLOCK > 0
-    assert got["report"]["reason"] == "no_snapshot"  # KV to 512, the state at 384
+    assert got["second_conversation"] == got["breakpoint"] > 0
+    assert got["report"]["reason"] == "no_snapshot"  # KV to 512, the state at the breakpoint
     assert got["report"]["diverges_at_token"] > got["breakpoint"]
 
 

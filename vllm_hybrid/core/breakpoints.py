@@ -133,11 +133,13 @@ def effective_breakpoints(breakpoints: Sequence[int], prompt_tokens: int) -> tup
     return tuple(sorted({min(p, last) for p in breakpoints if last >= 1}))
 
 
-def hit_position(breakpoint: int, block_tokens: int) -> int:
+def hit_position(breakpoint: int, unit_tokens: int) -> int:
     """Where a later request sharing the first ``breakpoint`` tokens hits: the largest multiple
-    of the engine's state block (``block_tokens``) not above the breakpoint. A recurrent state
-    can only be cached at a block boundary (vLLM 0.32 "align" mode; see docs/serving.md)."""
-    return breakpoint // block_tokens * block_tokens
+    of ``unit_tokens`` not above the breakpoint. ``unit_tokens`` is the engine's prefix match
+    unit where vLLM can cache a recurrent state inside a block (``--prefix-match-unit`` below
+    the block size; 1 makes every breakpoint exact), else its state block (vLLM 0.32 "align"
+    mode keeps states at block boundaries only); see docs/serving.md."""
+    return breakpoint // unit_tokens * unit_tokens
 
 
 # --- chat markers ---------------------------------------------------------------------------

@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm_hybrid.adapters.vllm.version import check_vllm_version
 from vllm_hybrid.core.breakpoints import (
     CacheOptionError,
     CacheOptions,
@@ -61,6 +62,59 @@ class _Request:
     report: dict[str, Any] | None = None
 
 
+def exact_stops(scheduler: Any) -> bool:
+    """Turn on sub-block breakpoint states where vLLM can cache them; True if it did.
+
+    vLLM 0.32 caches a Mamba state inside a block only at a prefix-match-unit (``U``)
+    boundary, through ``MambaManager._cache_partial_tail_block``
+    (``vllm/v1/core/single_type_kv_cache_manager.py``): at the prompt's tail, and, when the
+    manager's ``shared_prefix_checkpoint`` is set, at a chunk end equal to the request's
+    ``shared_prefix_boundary``. The state block is registered under the partial hash
+    (``BlockPool.cache_partial_block``) and copied on write before the next chunk overwrites
+    it (``MambaManager.allocate_new_blocks``). vLLM sets that flag only for EAGLE
+    (``KVCacheManager.__init__``: ``mamba_shared_prefix_checkpoint``); nothing in the
+    manager's path depends on EAGLE, so we set it on each Mamba manager when the scheduler
+    takes sub-block hits (``Scheduler.mamba_partial_cache_hit``: align mode, ``U`` below the
+    block, partial hash hits on) and no MTP re-prefill tail shifts ``cache_blocks``'s token
+    count (``num_reprefillable_tokens``, vLLM's own condition). The scheduler then ends a
+    chunk exactly at our stops (``HybridScheduler._mamba_block_aligned_split``); stops are
+    ``U``-floored (:meth:`CacheControl.on_lookup`), so the manager always accepts them.
+    A junction of vLLM's own that is not ours is still ended block-floored by vLLM, where the
+    flag changes nothing (the chunk end equals the junction only on a block boundary, whose
+    state vLLM keeps anyway)."""
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+
+    if not check_vllm_version("sub-block breakpoint states"):
+        return False
+    coordinator = scheduler.kv_cache_manager.coordinator
+    if not getattr(scheduler, "mamba_partial_cache_hit", False):
+        return False
+    if getattr(coordinator, "num_reprefillable_tokens", 0) != 0:
+        return False
+    managers = [m for m in coordinator.single_type_managers if isinstance(m, MambaManager)]
+    if not managers or not all(hasattr(m, "shared_prefix_checkpoint") for m in managers):
+        return False
+    # The attention side gets its partial entries from us (CacheControl._add_kv_partials),
+    # which is right only for append-only full-attention KV.
+    others = [m for m in coordinator.single_type_managers if not isinstance(m, MambaManager)]
+    if not others or any(type(m).__name__ != "FullAttentionManager" for m in others):
+        return False
+    for manager in managers:
+        manager.shared_prefix_checkpoint = True
+    return True
+
+
+@dataclass
+class _KVPartial:
+    """A sub-block stop's partial KV entry (:meth:`CacheControl._add_kv_partials`)."""
+
+    request: Any
+    group: int
+    block: Any
+    tokens: int
+    seen: int | None  # the block's block_hash_num_tokens when last (re-)registered
+
+
 class CacheControl:
     """Breakpoints, pins and reports of one scheduler; see the module docstring."""
 
@@ -74,8 +128,17 @@ class CacheControl:
             pool.num_gpu_blocks, config.max_pinned_fraction, config.max_pin_ttl_s
         )
         self.history = ReuseHistory(self.block_tokens)
+        #: Where breakpoint states can be cached: every ``stop_tokens`` tokens (the prefix match
+        #: unit when sub-block stops are available, else the block; see :func:`exact_stops`).
+        self.stop_tokens = self.hash_tokens if exact_stops(scheduler) else self.block_tokens
         self.requests: dict[str, _Request] = {}
         self._stopping: set[str] = set()  # ids of requests with breakpoint stops pending
+        self._kv_partials: list[_KVPartial] = []  # sub-block KV entries to keep registered
+        self._kv_managers = [
+            m
+            for m in scheduler.kv_cache_manager.coordinator.single_type_managers
+            if type(m).__name__ == "FullAttentionManager"
+        ]
         self.breakpoint_stops = 0  # breakpoints that moved a chunk end (metrics)
 
     # ------------------------------------------------------------------ lookup and stops
@@ -107,13 +170,27 @@ class CacheControl:
         state.applied = list(
             effective_breakpoints(state.options.breakpoints, request.num_prompt_tokens)
         )
-        stops = {p for p in state.applied if hit_position(p, self.block_tokens) > hit_tokens}
-        if junction > hit_tokens:
-            stops.add(junction)
+        unit = self.stop_tokens
+        if unit < self.block_tokens:
+            # Sub-block stops: the stop is the floored position itself, which the manager
+            # compares exactly with the chunk end (see exact_stops); vLLM's junction is floored
+            # the same way (it is where a sibling would resume, at this granularity).
+            stops = {hit_position(p, unit) for p in state.applied}
+            stops.add(hit_position(junction, unit))
+            stops = {p for p in stops if p > hit_tokens}
+        else:
+            stops = {p for p in state.applied if hit_position(p, unit) > hit_tokens}
+            if junction > hit_tokens:
+                stops.add(junction)
         state.stops = sorted(stops)
         if state.stops:
             self._stopping.add(request.request_id)
         return state.stops[0] if state.stops else junction
+
+    def exact_stop(self, request: Any) -> bool:
+        """Whether the request's ``shared_prefix_boundary`` is one of our sub-block stops, to
+        be ended at exactly (``HybridScheduler._mamba_block_aligned_split``)."""
+        return self.stop_tokens < self.block_tokens and request.request_id in self._stopping
 
     def vllm_junction(self, request: Any) -> int:
         """vLLM's own junction for a request (what the policy feed reports as cached KV)."""
@@ -126,6 +203,8 @@ class CacheControl:
             request = requests.get(new.req_id)
             if request is not None:
                 self._started(request, new.num_computed_tokens)
+        if self._kv_partials:
+            self._keep_kv_partials()
         if not self._stopping:
             return  # the common case: no request has a breakpoint ahead (O(1) per step)
         for req_id in self._stopping.intersection(out.num_scheduled_tokens):
@@ -135,12 +214,60 @@ class CacheControl:
                 self._stopping.discard(req_id)
                 continue
             done = request.num_computed_tokens  # already advanced by this step (vLLM)
-            while state.stops and hit_position(state.stops[0], self.block_tokens) <= done:
-                self.breakpoint_stops += state.stops.pop(0) in state.applied
+            unit = self.stop_tokens
+            while state.stops and hit_position(state.stops[0], unit) <= done:
+                stop = state.stops.pop(0)
+                if unit < self.block_tokens and stop % self.block_tokens:
+                    self._add_kv_partials(request, stop)
+                self.breakpoint_stops += stop in state.applied or (
+                    unit < self.block_tokens
+                    and any(hit_position(p, unit) == stop for p in state.applied)
+                )
             if state.stops:
                 request.shared_prefix_boundary = state.stops[0]
             else:
                 self._stopping.discard(req_id)
+
+    def _add_kv_partials(self, request: Any, stop: int) -> None:
+        """Make the attention KV before a sub-block stop reachable, as vLLM does for a prompt
+        tail (``FullAttentionManager._cache_partial_tail_block``): a partial prefix-cache
+        entry at ``stop`` on the KV block holding it (``BlockPool.cache_partial_block``).
+        Attention KV is append-only, so the producer keeps writing into that block and a
+        consumer's hit takes a private copy (vLLM's partial-hit CoW). Called once the chunk
+        ending at ``stop`` is scheduled (its Mamba state is registered in the same step)."""
+        index = stop // self.block_tokens
+        for manager in self._kv_managers:
+            blocks = manager.req_to_blocks.get(request.request_id) or []
+            if index < len(blocks) and not blocks[index].is_null:
+                entry = _KVPartial(request, manager.kv_cache_group_id, blocks[index], stop, None)
+                self._kv_partials.append(entry)
+        self._keep_kv_partials()
+
+    def _keep_kv_partials(self) -> None:
+        """(Re-)register each pending KV partial entry whose block's hashes changed: vLLM drops
+        every partial entry of a block when it registers a longer one (the prompt tail's) or
+        promotes it to a full block (``BlockPool.cache_full_blocks``, ``cache_partial_block``).
+        The block is the running request's own, so it holds the prefix's KV; once it is full
+        the entry stays (a secondary hash) until the block is evicted."""
+        keep = []
+        for entry in self._kv_partials:
+            if entry.request.request_id not in self.requests:
+                continue  # finished and freed: the block may be reused; what is registered stays
+            block = entry.block
+            seen = block.block_hash_num_tokens
+            if seen != entry.seen:
+                self.pool.cache_partial_block(
+                    request=entry.request,
+                    block=block,
+                    num_tokens=entry.tokens,
+                    kv_cache_group_id=entry.group,
+                    block_size=self.block_tokens,
+                )
+                entry.seen = block.block_hash_num_tokens
+            full = (entry.tokens // self.block_tokens + 1) * self.block_tokens
+            if seen != full:
+                keep.append(entry)
+        self._kv_partials = keep
 
     def _started(self, request: Any, hit_tokens: int) -> None:
         # Kept by reference (the history is lazy): vLLM never mutates Request.prompt_token_ids
@@ -167,7 +294,7 @@ class CacheControl:
                 **state.report,
                 "breakpoints": state.applied,
                 "breakpoint_hit_positions": [
-                    hit_position(p, self.block_tokens) for p in state.applied
+                    hit_position(p, self.stop_tokens) for p in state.applied
                 ],
             }
         ttl = state.options.pin_ttl_s

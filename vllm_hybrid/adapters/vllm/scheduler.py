@@ -149,6 +149,7 @@ class _HybridMixin:
 
     hybrid_pool: HybridBlockPool | None
     hy_control: CacheControl | None
+    mamba_shared_prefix_checkpoint: bool  # vLLM's Scheduler attribute
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -170,6 +171,22 @@ class _HybridMixin:
         if self.hy_control is not None:
             junction = self.hy_control.on_lookup(request, hit, junction)
         return blocks, hit, junction, diverged
+
+    def _mamba_block_aligned_split(self, request: Any, *args: Any, **kwargs: Any) -> int:
+        """vLLM's chunk split (``Scheduler._mamba_block_aligned_split``), ending the chunk
+        exactly at a pending sub-block breakpoint stop rather than block-floored: vLLM's own
+        branch for shared-prefix checkpoints (``mamba_shared_prefix_checkpoint``, EAGLE-only
+        there), on for this call only (see ``cache_control.exact_stops``)."""
+        split = super()._mamba_block_aligned_split  # type: ignore[misc]
+        control = self.hy_control
+        if control is None or not control.exact_stop(request):
+            return int(split(request, *args, **kwargs))
+        saved = self.mamba_shared_prefix_checkpoint
+        self.mamba_shared_prefix_checkpoint = True
+        try:
+            return int(split(request, *args, **kwargs))
+        finally:
+            self.mamba_shared_prefix_checkpoint = saved
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         if self.hy_control is not None:
