@@ -33,7 +33,7 @@ def start_engine(spec: dict[str, Any]) -> Any:
     """A fresh ``vllm.LLM`` for ``spec['policy']`` (imports vLLM; env must be set before)."""
     import vllm
 
-    setup = engine_setup(spec["policy"])
+    setup = engine_setup(spec["policy"], spec.get("host_gb", 0.0))
     kwargs: dict[str, Any] = {
         "model": spec["model"],
         "dtype": spec.get("dtype", "float32"),
@@ -86,7 +86,13 @@ def evictions(llm: Any) -> dict[str, int]:
     except AttributeError:
         return {}
     names = ("policy_pages", "fallback_pages")
-    return {n: int(getattr(pool, f"hy_{n}")) for n in names if hasattr(pool, f"hy_{n}")}
+    out = {n: int(getattr(pool, f"hy_{n}")) for n in names if hasattr(pool, f"hy_{n}")}
+    host = getattr(pool, "hy_host", None)
+    if host is not None:  # the host tier (host_ledger.py)
+        tier = host.tier
+        out.update(host_slots=tier.num_slots, host_demotes=tier.demoted)
+        out.update(host_promotes=tier.promoted, host_drops=tier.dropped + tier.invalidated)
+    return out
 
 
 def _greedy(max_tokens: int) -> Any:

@@ -23,11 +23,12 @@ from typing import Any
 
 from vllm_hybrid.bench import BenchError
 from vllm_hybrid.bench.offline import PROGRESS
-from vllm_hybrid.bench.policies import known_policies, parse_policies
+from vllm_hybrid.bench.policies import engine_setup, known_policies, parse_policies
 from vllm_hybrid.bench.report import (
     RowResult,
     evictions_line,
     format_table,
+    host_line,
     oracle_line,
     outputs_identical,
     ratio_line,
@@ -78,6 +79,12 @@ def add_replay_parser(subparsers: Any) -> argparse.ArgumentParser:
     timing.add_argument("--rate", default="auto", help="mean arrivals/s, or auto (see --load)")
     p.add_argument("--load", type=float, default=0.8, help="--rate auto: fraction of the pace")
     p.add_argument("--blocks", type=int, help="KV pool blocks for every row (default: vLLM's)")
+    p.add_argument(
+        "--host-gb",
+        type=float,
+        default=0.0,
+        help="host tier size in GB for the rows named POLICY+host (e.g. ours+host)",
+    )
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--warmup", type=int, default=2, help="uncached warm-up requests per row")
@@ -135,6 +142,7 @@ def _row_spec(
         "max_len": args.max_len,
         "max_num_seqs": args.max_num_seqs,
         "blocks": args.blocks,
+        "host_gb": args.host_gb,
         "warmup": args.warmup,
         "time_scale": scale,
         "load": args.load,
@@ -179,6 +187,8 @@ def run_offline_row(spec: dict[str, Any], workdir: Path, show_progress: bool) ->
 def run_offline(args: argparse.Namespace, reqs: list[BenchRequest]) -> list[RowResult]:
     """One row per policy, in order; with --rate auto the first row sets the arrival scale."""
     policies = parse_policies(args.policies)
+    for policy in policies:
+        engine_setup(policy, args.host_gb)  # a +host row without --host-gb: refused up front
     args.model = check_model_dir(args.model)
     scale = fixed_time_scale(args, reqs)
     rows: list[RowResult] = []
@@ -193,14 +203,15 @@ def run_offline(args: argparse.Namespace, reqs: list[BenchRequest]) -> list[RowR
 def add_predictions(rows: list[RowResult], reqs: list[BenchRequest]) -> None:
     """Each row's simulator prediction on the same requests, pool and costs (``predict.py``);
     ``off`` predicts 0."""
-    from vllm_hybrid.bench.policies import OFF, OURS, OURS_DEFAULT
+    from vllm_hybrid.bench.policies import OFF, OURS, OURS_DEFAULT, base_policy
     from vllm_hybrid.bench.predict import PoolLayout, predict_hit_rate
 
     for row in rows:
         if row.policy == OFF:
             row.sim_hit_rate = 0.0
         elif row.layout is not None:
-            name = OURS_DEFAULT if row.policy == OURS else row.policy
+            base = base_policy(row.policy)  # the simulator's prediction has no host tier
+            name = OURS_DEFAULT if base == OURS else base
             row.sim_hit_rate = predict_hit_rate(reqs, PoolLayout.from_json(row.layout), name)
 
 
@@ -216,6 +227,7 @@ def run_http(args: argparse.Namespace, reqs: list[BenchRequest]) -> list[RowResu
 def _settings(args: argparse.Namespace, reqs: list[BenchRequest]) -> dict[str, Any]:
     keys = ("trace", "model", "url", "label", "policies", "requests", "skip", "scale", "max_len")
     keys += ("max_tokens", "time_scale", "rate", "load", "blocks", "max_num_seqs", "seed")
+    keys += ("host_gb",)
     out = {k: getattr(args, k) for k in keys}
     out["workload_requests"] = len(reqs)
     out["workload_prompt_tokens"] = sum(r.prompt_tokens for r in reqs)
@@ -233,7 +245,8 @@ def print_report(args: argparse.Namespace, reqs: list[BenchRequest], rows: list[
         f"{'url ' + args.url if args.url else 'model ' + str(args.model)}"
     )
     print(format_table(summaries))
-    for line in (ratio_line(summaries), evictions_line(summaries), oracle_line(oracle)):
+    lines = (ratio_line(summaries), evictions_line(summaries), host_line(summaries))
+    for line in (*lines, oracle_line(oracle)):
         if line:
             print(line)
     if args.json_out:

@@ -167,6 +167,16 @@ def evictions_line(summaries: list[dict[str, Any]]) -> str:
     return "blocks evicted by policy/LRU fallback: " + ", ".join(parts) if parts else ""
 
 
+def host_line(summaries: list[dict[str, Any]]) -> str:
+    """Host tier snapshots demoted / promoted (host hits) / slots, for the rows with one."""
+    parts = [
+        f"{s['policy']} {e['host_demotes']}/{e['host_promotes']}/{e['host_slots']}"
+        for s in summaries
+        if {"host_demotes", "host_promotes", "host_slots"} <= set(e := s.get("evictions") or {})
+    ]
+    return "host tier snapshots demoted/promoted/slots: " + ", ".join(parts) if parts else ""
+
+
 def oracle_line(oracle: dict[str, Any]) -> str:
     if oracle["identical"] is None:
         return ""
