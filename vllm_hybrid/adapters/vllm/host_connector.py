@@ -97,6 +97,11 @@ class HostStateBuffer:
                         " int8 (vLLM 0.32's raw page view)"
                     )
                 rows = pages.squeeze(2).squeeze(1)
+                if rows.shape[0] != kv_cache_config.num_blocks:  # Mamba blocks are never split
+                    raise RuntimeError(
+                        f"vllm-hybrid host tier: Mamba layer {name} has {rows.shape[0]} pages, "
+                        f"the pool {kv_cache_config.num_blocks} blocks"
+                    )
                 dev_layers.append(rows)
                 host_layers.append(
                     torch.empty((num_slots, rows.shape[1]), dtype=torch.int8, pin_memory=pin)
