@@ -191,20 +191,18 @@ def test_modules_file_is_registered_and_prewarmed_at_start(client, server):
     end = listed["lead_tokens"] + sum(m["tokens"] for m in listed["modules"].values())
     (prewarmed,) = listed["prewarmed"]
     assert prewarmed["boundaries"][-1] == end and end % BLOCK
-    # A prewarm of P tokens keeps the state after P - 1 (the last token is recomputed).
-    assert prewarmed["pinned"] and prewarmed["pinned_tokens"] == end - 1 > 0
+    assert prewarmed["pinned"] and prewarmed["pinned_tokens"] == end > 0
     _, cached, _, _ = complete(
         client, "Where is the glue?", vllm_xargs={"modules": ["intro", "policy"]}
     )
-    assert cached == end - 1
+    assert cached == end
 
 
 def test_prompt_modules_hit_at_the_second_module_boundary_on_first_appearance(client, server):
     """Issue 6 acceptance: modules (system, doc_a, doc_b) on the path
     [system, {union: [doc_a, doc_b]}], registered over HTTP; the first request ever importing
-    [system, doc_b] hits at doc_b's end (less the prewarm's recomputed last token). Placed
-    before the prewarm tests: its pins (2 s) must expire before those need the 14-page pin
-    budget."""
+    [system, doc_b] hits at exactly doc_b's end. Placed before the prewarm tests: its pins
+    (2 s) must expire before those need the 14-page pin budget."""
     schema = {
         "modules": {
             "system": text(81, 57) + "\n",  # ~180 tokens each: system ends in block 1,
@@ -235,7 +233,7 @@ def test_prompt_modules_hit_at_the_second_module_boundary_on_first_appearance(cl
     for doc, cached_before in (("doc_a", 0), ("doc_b", sys_end)):
         p = prewarmed[("system", doc)]
         assert p["boundaries"] == [sys_end, ends[doc]] and p["prompt_tokens"] == ends[doc]
-        assert p["pinned"] and p["pinned_tokens"] == ends[doc] - 1
+        assert p["pinned"] and p["pinned_tokens"] == ends[doc]
         # doc_b's prewarm resumed from the state doc_a's prewarm kept at system's boundary.
         assert p["cached_tokens"] == cached_before
     listed = httpx.get(f"{server}/v1/hybrid/modules", timeout=30).json()
@@ -245,7 +243,7 @@ def test_prompt_modules_hit_at_the_second_module_boundary_on_first_appearance(cl
     imports = {"modules": ["system", "doc_b"], "cache_report": 1}
     prompt_tokens, cached, reply, hybrid = complete(client, question, vllm_xargs=imports)
     assert prompt_tokens > ends["doc_b"]
-    assert cached == ends["doc_b"] - 1  # the prewarm's state, past system's boundary
+    assert cached == ends["doc_b"]  # the prewarm's state, past system's boundary
     assert hybrid["cache_report"]["breakpoints"] == [sys_end, ends["doc_b"]]
     # The same prompt from scratch: a fresh cache_salt shares no block.
     _, fresh_cached, fresh, _ = complete(
@@ -318,7 +316,7 @@ def test_prewarm_then_first_request_hits(client, server):
     )
     assert answer.status_code == 200, answer.text
     pin = answer.json()
-    assert pin["pinned_tokens"] == count_tokens(server, messages) - 1
+    assert pin["pinned_tokens"] == pin["prompt_tokens"] == count_tokens(server, messages)
     # KV blocks (the last one partly filled) + 3 Mamba groups' states.
     assert pin["pinned_pages"] == -(-pin["pinned_tokens"] // BLOCK) + 3
     cached, _, _ = chat(client, [*messages, user(5)])

@@ -142,6 +142,18 @@ def hit_position(breakpoint: int, unit_tokens: int) -> int:
     return breakpoint // unit_tokens * unit_tokens
 
 
+def prewarm_prompt(ids: Sequence[int]) -> list[int]:
+    """What a prewarm of the prefix ``ids`` computes: the prefix and one more token (a copy of
+    its last). A prompt's last token is always recomputed for its logits, so a prompt of ``P``
+    tokens keeps its state at ``P - 1`` at best; one token more puts the prompt's own
+    snapshot at ``P`` itself (``floor(P / U) * U``), where a request extending the prefix
+    diverges. (What is keyed past ``P`` is hit only by prompts that continue with that same
+    token, for which it is right.)"""
+    if not ids:
+        raise CacheOptionError("prewarm: the prefix tokenizes to no token")
+    return [*ids, ids[-1]]
+
+
 # --- chat markers ---------------------------------------------------------------------------
 
 

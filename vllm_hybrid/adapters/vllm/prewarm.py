@@ -7,7 +7,8 @@
     pin = prewarm(llm, messages=[{"role": "system", "content": SYSTEM}], ttl_s=600)
     pin["tokens"]  # a later request starting with this prefix hits exactly this many tokens
 
-The prefix runs as a one-token generation whose ``SamplingParams.extra_args`` carry
+The prefix (and one token more: ``core/breakpoints.py::prewarm_prompt``, so the pinned state
+is at the prefix's end) runs as a one-token generation whose ``SamplingParams.extra_args`` carry
 ``cache_pin_ttl_s``; the engine core pins its cached blocks when it finishes
 (``cache_control.py``) and answers in ``RequestOutput.kv_transfer_params["vllm_hybrid"]``.
 The HTTP twin is ``POST /v1/hybrid/prewarm`` (``serving.py``). Breakpoints for ``LLM(...)``
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_hybrid.core.breakpoints import PIN_TTL, REPORT, CacheOptionError
+from vllm_hybrid.core.breakpoints import PIN_TTL, REPORT, CacheOptionError, prewarm_prompt
 from vllm_hybrid.core.pins import DEFAULT_TTL_S, PrewarmRequest
 
 
@@ -47,8 +48,8 @@ def prewarm(
     if chat_template_kwargs is not None:
         body["chat_template_kwargs"] = chat_template_kwargs
     request = PrewarmRequest.parse(body)
+    tokenizer = llm.get_tokenizer()
     if request.messages is not None:
-        tokenizer = llm.get_tokenizer()
         text = tokenizer.apply_chat_template(
             request.messages,
             tokenize=False,
@@ -56,11 +57,12 @@ def prewarm(
             **(chat_template_kwargs or {}),
         )
         tokens = tokenizer.encode(text, add_special_tokens=False)
-        engine_prompt: dict[str, Any] = {"prompt_token_ids": tokens}
     elif isinstance(request.prompt, str):
-        engine_prompt = {"prompt": request.prompt}
+        tokens = tokenizer.encode(request.prompt)  # as LLM.generate tokenizes a text prompt
     else:
-        engine_prompt = {"prompt_token_ids": request.prompt}
+        tokens = list(request.prompt or [])
+    # The prefix and one token more, so the prompt's snapshot is at the prefix's end.
+    engine_prompt: dict[str, Any] = {"prompt_token_ids": prewarm_prompt(tokens)}
     if cache_salt is not None:
         engine_prompt["cache_salt"] = cache_salt
     params = SamplingParams(
@@ -75,4 +77,4 @@ def prewarm(
         )
     if not pin.get("pinned"):
         raise PinRefusedError(f"prewarm: {pin.get('message')}")
-    return {**pin, "prompt_tokens": len(output.prompt_token_ids or [])}
+    return {**pin, "prompt_tokens": len(tokens)}

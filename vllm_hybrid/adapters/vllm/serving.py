@@ -53,6 +53,7 @@ from vllm_hybrid.core.breakpoints import (
     common_prefix_tokens,
     merge_breakpoints,
     prefix_messages,
+    prewarm_prompt,
     strip_anthropic_cache_control,
     strip_cache_control,
 )
@@ -269,13 +270,25 @@ class HybridServingMiddleware:
         """Compute ``prompt`` (text or token ids) as a one-token completion that pins its
         cached prefix for ``ttl_s`` (``cache_pin_ttl_s``, taken by the engine core when the
         request finishes: ``cache_control.py``), with ``breakpoints`` (the states there stay
-        cached). Returns (200, the pin summary, None), (400, error, the refusal reason) when the
+        cached). The completion's prompt is the prefix plus one token
+        (``core/breakpoints.py::prewarm_prompt``), so the pinned state is at the prefix's end.
+        Returns (200, the pin summary, None), (400, error, the refusal reason) when the
         engine took no pin, or vLLM's own (status, answer, None) when it refused the request."""
+        if isinstance(prompt, str):  # tokenized as /v1/completions does (special tokens on)
+            try:
+                render = {"prompt": prompt, **({"model": model} if model is not None else {})}
+                prompt = await self._tokens(scope, render)
+            except _Upstream as refused:
+                return refused.status, refused.answer, None
+        try:
+            ids = prewarm_prompt(prompt)
+        except CacheOptionError as error:
+            return 400, _error(str(error)), None
         xargs: dict[str, Any] = {PIN_TTL: ttl_s, "cache_report": 1}
         if breakpoints:
             xargs = merge_breakpoints(xargs, breakpoints)
         completion: dict[str, Any] = {
-            "prompt": prompt,
+            "prompt": ids,
             "max_tokens": 1,
             "temperature": 0.0,
             "vllm_xargs": xargs,
@@ -302,7 +315,7 @@ class HybridServingMiddleware:
             200,
             {
                 "object": "hybrid.prewarm",
-                "prompt_tokens": usage.get("prompt_tokens"),
+                "prompt_tokens": len(prompt),  # the prefix's (the completion's has one more)
                 "cached_tokens": details.get("cached_tokens"),
                 "pinned_tokens": pin.get("tokens"),
                 "pinned_pages": pin.get("pages"),
