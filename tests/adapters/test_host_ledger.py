@@ -203,3 +203,24 @@ def test_the_connector_is_selected_only_when_the_tier_is_on(monkeypatch) -> None
     stock.additional_config["vllm_hybrid"]["policy"] = "stock"
     configure_host_tier(stock)
     assert stock.kv_transfer_config is None
+
+
+def test_bench_host_rows() -> None:
+    from vllm_hybrid.bench import BenchError
+    from vllm_hybrid.bench.policies import engine_setup, parse_policies
+
+    assert parse_policies("ours,ours+host,flop+host,off") == [
+        "ours",
+        "ours+host",
+        "flop+host",
+        "off",
+    ]
+    for bad in ("stock+host", "off+host", "nope+host"):
+        with pytest.raises(BenchError, match="unknown policy"):
+            parse_policies(bad)
+    setup = engine_setup("ours+host", 0.05)
+    assert setup.engine_kwargs["additional_config"]["vllm_hybrid"]["host_tier_gb"] == 0.05
+    plain = engine_setup("ours", 0.05).engine_kwargs["additional_config"]["vllm_hybrid"]
+    assert "host_tier_gb" not in plain
+    with pytest.raises(BenchError, match="--host-gb"):
+        engine_setup("ours+host")
