@@ -225,7 +225,8 @@ def run_http(args: argparse.Namespace, reqs: list[BenchRequest]) -> list[RowResu
 
 
 def _settings(args: argparse.Namespace, reqs: list[BenchRequest]) -> dict[str, Any]:
-    keys = ("trace", "model", "url", "label", "policies", "requests", "skip", "scale", "max_len")
+    keys: tuple[str, ...] = ("trace", "model", "url", "label", "policies", "requests", "skip")
+    keys += ("scale", "max_len")
     keys += ("max_tokens", "time_scale", "rate", "load", "blocks", "max_num_seqs", "seed")
     keys += ("host_gb",)
     out = {k: getattr(args, k) for k in keys}
