@@ -153,10 +153,10 @@ class HybridBlockPool(BlockPool):
         """Before vLLM's lookup of a waiting ``request``
         (``Scheduler._get_local_prefix_cache_hit``): if its usable prefix ends deeper on a host
         snapshot than on any device one, copy it back into fresh blocks (one per Mamba group)
-        cached under its hash, so that
-        ``MambaManager.find_longest_cache_hit`` finds it like any cached state. The blocks are
-        held (``ref_cnt`` 1) until :meth:`hy_release_promoted`, after the step's copies are
-        shipped; the worker fills them before the step reads or writes any block."""
+        cached under its hash, so that ``MambaManager.find_longest_cache_hit`` finds it like any
+        cached state. The blocks are held (``ref_cnt`` 1) until :meth:`hy_release_promoted`,
+        after the step's copies are shipped; the worker fills them before the step reads or
+        writes any block (``host_connector.py``)."""
         host = self.hy_host
         if host is None or not request.block_hashes:
             return False
