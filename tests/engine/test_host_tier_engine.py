@@ -15,6 +15,7 @@ import pytest
 
 from tests.engine.conftest import engine, greedy
 from vllm_hybrid.adapters.vllm.host_connector import HybridHostTierConnector
+from vllm_hybrid.adapters.vllm.metrics import hybrid_totals
 from vllm_hybrid.testing.fixtures import tiny_model_dir
 
 pytestmark = pytest.mark.engine
@@ -71,6 +72,9 @@ def test_host_promotes_keep_outputs(model_root) -> None:
         assert tier.demoted > 0 and tier.promoted > 0, vars(tier)
         assert cached > 0
         assert sched.hybrid_checks > 50  # mirror + host invariants held at every step
+        totals = hybrid_totals(pool)  # the metrics path (docs/metrics.md)
+        assert totals["host_promotes"] == tier.promoted and totals["host_demotes"] == tier.demoted
+        assert totals["host_bytes"] == len(tier) * tier.snapshot_bytes
         # the worker (in this process) ran every copy the ledger ordered
         from vllm.distributed.kv_transfer import get_kv_transfer_group
 
