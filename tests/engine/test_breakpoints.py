@@ -275,6 +275,48 @@ def test_prompt_modules_hit_at_the_second_module_boundary_on_first_appearance(cl
     assert complete(client, question, vllm_xargs=imports)[1] == prompt_tokens - 1
 
 
+def test_sub_block_breakpoints_hit_exactly_and_outputs_match_from_scratch(client):
+    """Token-id prompts with ``cache_breakpoints``: a stop in the prompt tail's block, two stops
+    in one block, and one whose block the first request then fills by decoding. A later prompt
+    sharing exactly the first ``B`` tokens hits ``B``, and its greedy reply equals the same
+    request under a fresh ``cache_salt`` (computed from scratch)."""
+    import random
+
+    rng = random.Random(17)
+    draw = lambda n: [rng.randrange(10, 1000) for _ in range(n)]  # noqa: E731
+
+    def run(prompt, max_tokens=4, check=True, **xargs):
+        extra = {"vllm_xargs": xargs} if xargs else {}
+        reply = client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0.0, extra_body=extra
+        )
+        if not check:
+            return reply.usage.prompt_tokens_details.cached_tokens
+        fresh = client.completions.create(
+            model=MODEL,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            temperature=0.0,
+            extra_body={"cache_salt": uuid.uuid4().hex},
+        )
+        assert reply.choices[0].text == fresh.choices[0].text
+        return reply.usage.prompt_tokens_details.cached_tokens
+
+    a, b, d = draw(300), draw(300), draw(250)
+    cases = [
+        (a, [280], 4, [a[:280]]),  # in the block of the prompt's tail (299)
+        (b, [150, 170], 4, [b[:150], b[:170]]),  # two in one block
+        (d, [245], 12, [d[:245]]),  # decoding then fills the stop's block (to 262)
+    ]
+    got, want = [], []
+    for first, stops, max_tokens, sharing in cases:
+        assert run(first, max_tokens, check=False, cache_breakpoints=stops) == 0
+        for prefix, stop in zip(sharing, stops, strict=True):
+            got.append(run(prefix + draw(40)))
+            want.append(stop)
+    assert got == want
+
+
 def test_without_breakpoint_the_second_conversation_misses(client):
     cached, _, _ = chat(client, [system(21, False), user(1)])
     cached_again, _, hybrid = chat(

@@ -109,7 +109,7 @@ class _KVPartial:
     """A sub-block stop's partial KV entry (:meth:`CacheControl._add_kv_partials`)."""
 
     request: Any
-    group: int
+    manager: Any  # vLLM's FullAttentionManager of the group
     block: Any
     tokens: int
     seen: int | None  # the block's block_hash_num_tokens when last (re-)registered
@@ -239,7 +239,7 @@ class CacheControl:
         for manager in self._kv_managers:
             blocks = manager.req_to_blocks.get(request.request_id) or []
             if index < len(blocks) and not blocks[index].is_null:
-                entry = _KVPartial(request, manager.kv_cache_group_id, blocks[index], stop, None)
+                entry = _KVPartial(request, manager, blocks[index], stop, None)
                 self._kv_partials.append(entry)
         self._keep_kv_partials()
 
@@ -251,8 +251,11 @@ class CacheControl:
         the entry stays (a secondary hash) until the block is evicted."""
         keep = []
         for entry in self._kv_partials:
-            if entry.request.request_id not in self.requests:
-                continue  # finished and freed: the block may be reused; what is registered stays
+            request_id = entry.request.request_id
+            blocks = entry.manager.req_to_blocks.get(request_id) or ()
+            index = entry.tokens // self.block_tokens
+            if index >= len(blocks) or blocks[index] is not entry.block:
+                continue  # finished or preempted: the block may be reused; what is kept stays
             block = entry.block
             seen = block.block_hash_num_tokens
             if seen != entry.seen:
@@ -260,7 +263,7 @@ class CacheControl:
                     request=entry.request,
                     block=block,
                     num_tokens=entry.tokens,
-                    kv_cache_group_id=entry.group,
+                    kv_cache_group_id=entry.manager.kv_cache_group_id,
                     block_size=self.block_tokens,
                 )
                 entry.seen = block.block_hash_num_tokens
