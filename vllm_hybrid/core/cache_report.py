@@ -9,7 +9,8 @@ reached), which compares the prompt with the prompts seen before and names the r
 reason                         meaning
 =============================  ===============================================================
 ``full_hit``                   the hit reaches the last block boundary before the prompt's last
-                               token: nothing more was cacheable
+                               token, or past it (a sub-block hit, prefix match unit below the
+                               block): nothing more was cacheable at block granularity
 ``no_snapshot``                cached KV reaches further than the hit, but no state snapshot
                                was kept at the divergence point (mark a breakpoint there)
 ``evicted``                    an earlier prompt (same salt) shared more, but those pages are
@@ -153,7 +154,7 @@ class ReuseHistory:
             "block_tokens": b,
         }
         if hit_tokens >= best and hit_tokens > 0:
-            reason, detail = "full_hit", "the hit reaches the last block boundary of the prompt"
+            reason, detail = "full_hit", "the hit reaches the last block boundary of the prompt, or past it"
         elif kv_tokens > hit_tokens:
             reason = "no_snapshot"
             detail = (
