@@ -142,12 +142,13 @@ def test_worker_copies_run_in_order() -> None:
         for i in range(3)
     }
     originals = {k: v.clone() for k, v in layers.items()}
+    spec = SimpleNamespace(real_page_size_bytes=page)
     config = SimpleNamespace(
         num_blocks=blocks,
         kv_cache_groups=[
             SimpleNamespace(layer_names=["a0"]),
-            SimpleNamespace(layer_names=["m0", "m1"]),
-            SimpleNamespace(layer_names=["m2"]),
+            SimpleNamespace(layer_names=["m0", "m1"], kv_cache_spec=spec),
+            SimpleNamespace(layer_names=["m2"], kv_cache_spec=spec),
         ],
     )
     buffer = HostStateBuffer(layers, config, [1, 2], num_slots=2)  # type: ignore[arg-type]
@@ -168,9 +169,12 @@ def test_worker_copies_run_in_order() -> None:
     assert torch.equal(layers["m0"][3], originals["m0"][3])  # untouched
     with pytest.raises(RuntimeError, match="Mamba layer"):
         HostStateBuffer({"m0": torch.zeros(4, 8)}, config, [1], 1)  # type: ignore[arg-type]
-    short = {k: v[:-1] for k, v in layers.items()}
-    with pytest.raises(RuntimeError, match="pages"):
-        HostStateBuffer(short, config, [1], 1)  # type: ignore[arg-type]
+    for wrong in (
+        {k: v[:-1] for k, v in layers.items()},
+        {k: v[..., :-1] for k, v in layers.items()},
+    ):
+        with pytest.raises(RuntimeError, match="pages"):
+            HostStateBuffer(wrong, config, [1], 1)  # type: ignore[arg-type]
 
 
 def test_the_connector_is_selected_only_when_the_tier_is_on(monkeypatch) -> None:

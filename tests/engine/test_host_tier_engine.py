@@ -26,8 +26,8 @@ POOL = {
     "max_num_seqs": 4,
     "max_num_batched_tokens": 256,  # prefills are chunked
 }
-#: 12 slots of the tiny Zamba2's 1.57 MB snapshot (3 Mamba groups of one 512 KiB page)
-HOST_GB = 0.02
+#: 12 slots of the tiny Zamba2's 219,648-byte snapshot (3 Mamba layers of 73,216 state bytes)
+HOST_GB = 0.0027
 
 
 def workload(seed: int = 5, vocab: int = 1000) -> list[list[list[int]]]:

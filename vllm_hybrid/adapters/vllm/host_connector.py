@@ -54,10 +54,12 @@ def mamba_groups(kv_cache_config: KVCacheConfig) -> list[int]:
 
 
 def snapshot_bytes(kv_cache_config: KVCacheConfig) -> int:
-    """Bytes of one snapshot on the host: a page of every layer of every Mamba group."""
+    """Bytes of one snapshot on the host: the states of every layer of every Mamba group
+    (``MambaSpec.real_page_size_bytes``, without the padding that makes a Mamba page as large
+    as an attention page on the device; the page view the worker copies is that wide)."""
     groups = kv_cache_config.kv_cache_groups
     return sum(
-        groups[g].kv_cache_spec.page_size_bytes * len(groups[g].layer_names)
+        groups[g].kv_cache_spec.real_page_size_bytes * len(groups[g].layer_names)
         for g in mamba_groups(kv_cache_config)
     )
 
@@ -97,10 +99,12 @@ class HostStateBuffer:
                         " int8 (vLLM 0.32's raw page view)"
                     )
                 rows = pages.squeeze(2).squeeze(1)
-                if rows.shape[0] != kv_cache_config.num_blocks:  # Mamba blocks are never split
+                width = kv_cache_config.kv_cache_groups[g].kv_cache_spec.real_page_size_bytes
+                if rows.shape != (kv_cache_config.num_blocks, width):  # never split, unpadded
                     raise RuntimeError(
-                        f"vllm-hybrid host tier: Mamba layer {name} has {rows.shape[0]} pages, "
-                        f"the pool {kv_cache_config.num_blocks} blocks"
+                        f"vllm-hybrid host tier: Mamba layer {name} has {rows.shape[0]} pages "
+                        f"of {rows.shape[1]} bytes, the pool {kv_cache_config.num_blocks} "
+                        f"blocks of {width} state bytes"
                     )
                 dev_layers.append(rows)
                 host_layers.append(
@@ -174,6 +178,9 @@ class HybridHostTierConnector(KVConnectorBase_V1, SupportsHMA):
         if self.num_slots <= 0:
             return
         assert self._kv_cache_config is not None
+        from vllm_hybrid.adapters.vllm.plugin import share_vllm_logging
+
+        share_vllm_logging()  # a worker logs before any scheduler ran this
         self.buffer = HostStateBuffer(kv_caches, self._kv_cache_config, self.groups, self.num_slots)
         logger.info(
             "vllm-hybrid: host tier: %d snapshot slots, %.1f MB of host memory",
