@@ -28,6 +28,7 @@ class Arrival:
     max_tokens: int
     n: int = 1
     stop_token_ids: tuple[int, ...] = ()
+    breakpoints: tuple[int, ...] = ()  # cache_breakpoints (SamplingParams.extra_args)
 
 
 @dataclass(frozen=True)
@@ -58,8 +59,13 @@ def _prompt(
     return root[:cut] + draw(rng.choice([0, 1, rng.randint(2, 120)]))
 
 
-def make_plan(seed: int, n_requests: int, vocab: int = 1000) -> list[Arrival | Abort]:
-    """A seeded workload: arrivals and aborts sorted by step."""
+def make_plan(
+    seed: int, n_requests: int, vocab: int = 1000, breakpoint_rate: float = 0.0
+) -> list[Arrival | Abort]:
+    """A seeded workload: arrivals and aborts sorted by step. With ``breakpoint_rate`` > 0 that
+    share of the requests carries one or two ``cache_breakpoints`` (drawn from a second stream,
+    so the plan is otherwise the one the same seed gives without them)."""
+    marks = random.Random(seed + 7919)
     rng = random.Random(seed)
     roots = [
         [rng.randrange(10, vocab) for _ in range(rng.choice((200, 257, 511, 700, 900)))]
@@ -77,7 +83,11 @@ def make_plan(seed: int, n_requests: int, vocab: int = 1000) -> list[Arrival | A
         # prefixes) but only their shape is checked, not their tokens.
         n = 2 if rng.random() < 0.25 else 1
         stop = tuple(rng.sample(range(10, vocab), 3)) if rng.random() < 0.2 else ()
-        events.append(Arrival(step, f"r{i}", prompt, rng.randint(1, 16), n, stop))
+        bps: tuple[int, ...] = ()
+        if breakpoint_rate > 0 and marks.random() < breakpoint_rate and len(prompt) > 2:
+            k = marks.choice((1, 1, 2))
+            bps = tuple(sorted(marks.randint(1, len(prompt) - 1) for _ in range(k)))
+        events.append(Arrival(step, f"r{i}", prompt, rng.randint(1, 16), n, stop, bps))
         if rng.random() < 0.1:
             events.append(Abort(step + rng.randint(0, 6), f"r{i}"))
     return sorted(events, key=lambda e: e.step)
@@ -94,6 +104,7 @@ def _params(arrival: Arrival) -> Any:
         ignore_eos=True,
         temperature=0.0 if arrival.n == 1 else 0.8,
         stop_token_ids=list(arrival.stop_token_ids),
+        extra_args={"cache_breakpoints": list(arrival.breakpoints)} if arrival.breakpoints else None,
     )
 
 
