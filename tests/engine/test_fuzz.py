@@ -36,3 +36,26 @@ def test_fuzz_cached_equals_uncached(arch, seed, n_requests, model_root):
     assert mismatched == []
     assert compared >= n_requests // 2
     assert sum(tested.cached_tokens.values()) > 0
+
+
+def test_fuzz_breakpoints_sub_block(model_root):
+    """Half the requests carry cache_breakpoints at random positions, with a prefix match unit
+    below the block (16, then 1): chunks end exactly at the U-floored breakpoints, sub-block
+    states and partial KV entries are registered there (cache_control.exact_stops); outputs ==
+    caching off at both units (one reference run). Zamba2."""
+    model_dir = tiny_model_dir("zamba2", model_root)
+    plan = make_plan(11, n_requests=24, breakpoint_rate=0.5)
+    with engine(model_dir, enable_prefix_caching=False, **PRESSURE) as llm:
+        reference = run_plan(llm, plan)
+    debug = {"additional_config": {"vllm_hybrid": {"debug": True}}}
+    for unit in (16, 1):
+        with engine(
+            model_dir, enable_prefix_caching=True, prefix_match_unit=unit, **PRESSURE, **debug
+        ) as llm:
+            tested = run_plan(llm, plan)
+            control = llm.llm_engine.engine_core.engine_core.scheduler.hy_control
+            assert control.stop_tokens == unit and control.breakpoint_stops > 0
+        compared, mismatched = compare(reference, tested)
+        assert mismatched == [], f"prefix_match_unit={unit}"
+        assert compared >= 12
+        assert any(v % 128 for v in tested.cached_tokens.values())  # sub-block hits happened
