@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The issue-4 acceptance replays: the small real-shaped Zamba2, a pool small enough to evict,
 # stock vLLM vs ours (vs no caching on chat), arrivals scaled to the machine (--rate auto).
-# Tables go to stdout, everything else to out/replay/*.json. About 30 minutes on 2 cores.
+# Tables go to stdout, everything else to out/replay/*.json. About 40 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -17,3 +17,7 @@ replay --trace gen:agent --requests 80 --blocks 64 --policies stock,ours --json 
 # requests 3600-3699 share most (58% in-window), at 1/16 scale so 100 of them fit a CPU.
 replay --trace "$TRACE" --skip 3600 --requests 100 --scale 0.0625 --max-len 8192 --blocks 384 \
     --policies stock,ours --json "$OUT/mooncake.json"
+# The same window with 4 requests in flight instead of 16: at 16, their KV and running states
+# take ~250 of the 384 pages and the order of the policies flips (docs/block_manager.md).
+replay --trace "$TRACE" --skip 3600 --requests 100 --scale 0.0625 --max-len 8192 --blocks 384 \
+    --max-num-seqs 4 --policies stock,ours --json "$OUT/mooncake_seqs4.json"
