@@ -133,6 +133,13 @@ class CacheControl:
         self.stop_tokens = self.hash_tokens if exact_stops(scheduler) else self.block_tokens
         self.requests: dict[str, _Request] = {}
         self._stopping: set[str] = set()  # ids of requests with breakpoint stops pending
+        #: Ids of the requests whose ``shared_prefix_boundary`` is one of our sub-block stops,
+        #: to be ended at exactly (``HybridScheduler._mamba_block_aligned_split``, which asks
+        #: for every running request at every step): the pending set itself, or empty for good
+        #: when stops are block-floored.
+        self.exact_stop_ids: set[str] | frozenset[str] = (
+            self._stopping if self.stop_tokens < self.block_tokens else frozenset()
+        )
         self._kv_partials: list[_KVPartial] = []  # sub-block KV entries to keep registered
         self._kv_managers = [
             m
@@ -186,11 +193,6 @@ class CacheControl:
         if state.stops:
             self._stopping.add(request.request_id)
         return state.stops[0] if state.stops else junction
-
-    def exact_stop(self, request: Any) -> bool:
-        """Whether the request's ``shared_prefix_boundary`` is one of our sub-block stops, to
-        be ended at exactly (``HybridScheduler._mamba_block_aligned_split``)."""
-        return self.stop_tokens < self.block_tokens and request.request_id in self._stopping
 
     def vllm_junction(self, request: Any) -> int:
         """vLLM's own junction for a request (what the policy feed reports as cached KV)."""

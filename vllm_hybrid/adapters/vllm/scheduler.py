@@ -179,7 +179,7 @@ class _HybridMixin:
         there), on for this call only (see ``cache_control.exact_stops``)."""
         split = super()._mamba_block_aligned_split  # type: ignore[misc]
         control = self.hy_control
-        if control is None or not control.exact_stop(request):
+        if control is None or request.request_id not in control.exact_stop_ids:
             return int(split(request, *args, **kwargs))
         saved = self.mamba_shared_prefix_checkpoint
         self.mamba_shared_prefix_checkpoint = True
