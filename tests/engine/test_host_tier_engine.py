@@ -71,7 +71,7 @@ def test_host_promotes_keep_outputs(model_root) -> None:
         tier = host.tier
         assert tier.demoted > 0 and tier.promoted > 0, vars(tier)
         assert cached > 0
-        assert sched.hybrid_checks > 20  # mirror + host invariants held at every step (54 steps)
+        assert sched.hybrid_checks > 20  # mirror + host invariants held at every step (54 checks)
         totals = hybrid_totals(pool)  # the metrics path (docs/metrics.md)
         assert totals["host_promotes"] == tier.promoted and totals["host_demotes"] == tier.demoted
         assert totals["host_bytes"] == len(tier) * tier.snapshot_bytes
