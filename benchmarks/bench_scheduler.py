@@ -381,7 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     if profiler is not None:
         import pstats
 
-        pstats.Stats(profiler).sort_stats("cumulative").print_stats(os.environ.get("PROFILE_FILTER", ""), 25)
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(
+            os.environ.get("PROFILE_FILTER", ""), 25
+        )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         load = {"start": load_start, "end": os.getloadavg()[0]}

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from tests.core.test_pool_mirror import KV, S1, S2, B, Pool, make
-from vllm_hybrid.adapters.vllm.host_ledger import (
+from vllm_hybrid.core.config import ConfigError, HybridCacheConfig
+from vllm_hybrid.core.host_ledger import (
     DEMOTE,
     PROMOTE,
     HostLedger,
     host_slots,
 )
-from vllm_hybrid.core.config import ConfigError, HybridCacheConfig
 from vllm_hybrid.core.host_tier import HostTierError
 
 

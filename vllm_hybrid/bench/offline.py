@@ -88,7 +88,7 @@ def evictions(llm: Any) -> dict[str, int]:
     names = ("policy_pages", "fallback_pages")
     out = {n: int(getattr(pool, f"hy_{n}")) for n in names if hasattr(pool, f"hy_{n}")}
     host = getattr(pool, "hy_host", None)
-    if host is not None:  # the host tier (host_ledger.py)
+    if host is not None:  # the host tier (core/host_ledger.py)
         tier = host.tier
         out.update(host_slots=tier.num_slots, host_demotes=tier.demoted)
         out.update(host_promotes=tier.promoted, host_drops=tier.dropped + tier.invalidated)

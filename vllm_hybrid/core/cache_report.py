@@ -154,7 +154,8 @@ class ReuseHistory:
             "block_tokens": b,
         }
         if hit_tokens >= best and hit_tokens > 0:
-            reason, detail = "full_hit", "the hit reaches the last block boundary of the prompt, or past it"
+            reason = "full_hit"
+            detail = "the hit reaches the last block boundary of the prompt, or past it"
         elif kv_tokens > hit_tokens:
             reason = "no_snapshot"
             detail = (

@@ -74,7 +74,7 @@ METRICS: tuple[MetricSpec, ...] = (
     _c("pins_refused", "Pins refused (over the limit, TTL too long, nothing cached)."),
     _c("pins_expired", "Pins released at the end of their TTL."),
     _c("breakpoint_stops", "Prefill chunks ended at a request's cache breakpoint."),
-    # The host tier (adapters/vllm/host_ledger.py; docs/host_tier.md); 0 while it is off.
+    # The host tier (core/host_ledger.py; docs/host_tier.md); 0 while it is off.
     _c("host_demotes", "State snapshots copied to the host tier (evicted alone, KV kept)."),
     _c("host_promotes", "Host snapshots copied back for a waiting request (host hits)."),
     _c("host_drops", "Host snapshots dropped: host full, KV gone, or state cached again."),

@@ -135,7 +135,7 @@ class PoolMirror:
         self._used: set[int] = set()
         self._serial = 0
         #: Optional hooks for a second tier of snapshots (the engine's host tier,
-        #: ``adapters/vllm/host_ledger.py``); None (the default) changes nothing.
+        #: ``core/host_ledger.py``); None (the default) changes nothing.
         #: ``on_snapshot_evicted(node, pages by state group, priority)``: the policy evicts
         #: ``node``'s snapshot alone (its KV stays), before its pages are dropped.
         self.on_snapshot_evicted: Callable[[Node, dict[int, list[int]], float], None] | None = None

@@ -104,7 +104,9 @@ def _params(arrival: Arrival) -> Any:
         ignore_eos=True,
         temperature=0.0 if arrival.n == 1 else 0.8,
         stop_token_ids=list(arrival.stop_token_ids),
-        extra_args={"cache_breakpoints": list(arrival.breakpoints)} if arrival.breakpoints else None,
+        extra_args=(
+            {"cache_breakpoints": list(arrival.breakpoints)} if arrival.breakpoints else None
+        ),
     )
 
 

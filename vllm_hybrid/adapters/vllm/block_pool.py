@@ -21,9 +21,10 @@ while the pool holds no cached block yet. What is overridden and why:
   head of vLLM's LRU queue as before (counted in ``fallback_pages``).
 * ``reset_prefix_cache``: clears the mirror when vLLM clears its map.
 
-With the host tier on (``host_tier_gb``, ``host_ledger.py``), :meth:`HybridBlockPool.hy_promote`
-brings a host snapshot back before vLLM's lookup: fresh blocks, cached under the snapshot's hash
-like any state, held until the step's copies are shipped (:meth:`hy_release_promoted`).
+With the host tier on (``host_tier_gb``, ``core/host_ledger.py``),
+:meth:`HybridBlockPool.hy_promote` brings a host snapshot back before vLLM's lookup: fresh
+blocks, cached under the snapshot's hash like any state, held until the step's copies are
+shipped (:meth:`hy_release_promoted`).
 """
 
 from __future__ import annotations
@@ -42,9 +43,9 @@ from vllm.v1.core.kv_cache_utils import (
     make_block_hash_with_group_id,
 )
 
-from vllm_hybrid.adapters.vllm.host_ledger import HostLedger
 from vllm_hybrid.core.cache_stats import KV, SNAPSHOT, PageCounts
 from vllm_hybrid.core.feed import RequestFeed
+from vllm_hybrid.core.host_ledger import HostLedger
 from vllm_hybrid.core.pool_mirror import PoolMirror, VictimStats
 
 logger = logging.getLogger("vllm_hybrid")

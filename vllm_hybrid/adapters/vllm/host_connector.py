@@ -3,7 +3,7 @@
 
 It never loads KV (``get_num_new_matched_tokens`` -> 0 tokens): a promoted snapshot is an
 ordinary *local* hit that vLLM's own lookup finds (``block_pool.py::hy_promote``). All decisions
-are made on the scheduler side by :class:`~vllm_hybrid.adapters.vllm.host_ledger.HostLedger`;
+are made on the scheduler side by :class:`~vllm_hybrid.core.host_ledger.HostLedger`;
 this connector ships the step's ordered copies to the worker in its metadata
 (``build_connector_meta``, called at the end of ``Scheduler.schedule``), and its worker half
 copies the bytes in ``handle_preemptions``, which ``GPUModelRunner.execute_model``
@@ -30,7 +30,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
-from vllm_hybrid.adapters.vllm.host_ledger import DEMOTE, PROMOTE, HostLedger, HostOp, host_slots
+from vllm_hybrid.core.host_ledger import DEMOTE, PROMOTE, HostLedger, HostOp, host_slots
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

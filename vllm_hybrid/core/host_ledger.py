@@ -1,10 +1,11 @@
 """The scheduler side of the engine's host tier: which snapshot sits in which host slot, and
 the copies the worker must make this step (docs/host_tier_engine.md).
 
-Pure Python (no torch, no vLLM), so it is tested without an engine. The engine glue is in
-``block_pool.py`` (:meth:`HybridBlockPool.hy_promote`, which allocates and caches the blocks a
-promoted snapshot goes to) and ``host_connector.py`` (which ships :meth:`HostLedger.take_ops`
-to the worker in the connector metadata, and whose worker half copies the bytes).
+Pure Python (no torch, no vLLM), so it lives in ``core/`` and is tested without an engine. The
+engine glue is in ``adapters/vllm/block_pool.py`` (:meth:`HybridBlockPool.hy_promote`, which
+allocates and caches the blocks a promoted snapshot goes to) and
+``adapters/vllm/host_connector.py`` (which ships :meth:`HostLedger.take_ops` to the worker in
+the connector metadata, and whose worker half copies the bytes).
 
 What it decides, through the :class:`~vllm_hybrid.core.pool_mirror.PoolMirror` hooks:
 
