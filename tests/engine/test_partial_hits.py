@@ -66,8 +66,7 @@ def test_copy_reads_every_source_before_writing():
 def test_vllm_copy_still_skips_the_aliased_view():
     """The bug the patch exists for, on the pinned vLLM: when this fails, vLLM fixed it and
     ``patch_kv_cache_block_copies`` can go."""
-    if not version.check_vllm_version("the canary"):
-        pytest.skip("another vLLM release")
+    assert version.check_vllm_version("the canary")  # vLLM is pinned to 0.32.0 exactly
     from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
     from vllm.v1.worker import utils as worker_utils
 
