@@ -88,10 +88,11 @@ def evictions(llm: Any) -> dict[str, int]:
     names = ("policy_pages", "fallback_pages")
     out = {n: int(getattr(pool, f"hy_{n}")) for n in names if hasattr(pool, f"hy_{n}")}
     host = getattr(pool, "hy_host", None)
-    if host is not None:  # the host tier (core/host_ledger.py)
-        tier = host.tier
-        out.update(host_slots=tier.num_slots, host_demotes=tier.demoted)
-        out.update(host_promotes=tier.promoted, host_drops=tier.dropped + tier.invalidated)
+    if host is not None:  # the host tier (core/host_ledger.py): the /metrics counters
+        from vllm_hybrid.adapters.vllm.metrics import host_totals
+
+        out.update({k: int(v) for k, v in host_totals(host).items()})
+        out["host_slots"] = host.tier.num_slots
     return out
 
 
