@@ -48,3 +48,17 @@ def test_periodic_interval() -> None:
     assert periodic_interval(512, None, 128) == 512
     with pytest.raises(ConfigError, match="multiple of the block size"):
         periodic_interval(500, None, 128)
+
+
+def test_snapshot_budget_share() -> None:
+    default = HybridCacheConfig.from_sources(None, {})
+    assert default.max_snapshot_fraction == 1.0 and default.snapshot_budget_pages(384) is None
+    got = HybridCacheConfig.from_sources(None, {"VLLM_HYBRID_MAX_SNAPSHOT_FRACTION": "0.25"})
+    assert got.snapshot_budget_pages(384) == 96
+    got = HybridCacheConfig.from_sources({"max_snapshot_fraction": 0}, {})
+    assert got.snapshot_budget_pages(384) == 0  # no snapshot outlives its request
+    for bad in ("-0.1", "1.5", "half", True, None):
+        with pytest.raises(
+            ConfigError, match=r"max_snapshot_fraction .* must be a number in \[0, 1\]"
+        ):
+            HybridCacheConfig.from_sources({"max_snapshot_fraction": bad}, {})

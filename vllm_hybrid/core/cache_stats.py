@@ -59,6 +59,10 @@ METRICS: tuple[MetricSpec, ...] = (
     _c("policy_evicted_pages", "Cached pages the eviction policy chose as victims."),
     _c("lru_fallback_pages", "Cached pages reused in LRU order (the policy freed too few)."),
     _c("eviction_batches", "Times the policy was asked for victims."),
+    _c(
+        "snapshot_budget_evicted_pages",
+        "Cached pages dropped to keep free snapshots within max_snapshot_fraction of the pool.",
+    ),
     _g("kv_pages", "KV pages held in the prefix cache now."),
     _g("snapshot_pages", "State snapshot pages held in the prefix cache now."),
     _g("kv_bytes", "Device bytes of the KV pages held in the prefix cache now."),
@@ -136,6 +140,7 @@ def engine_totals(
     policy_pages: int,
     fallback_pages: int,
     eviction_batches: int,
+    budget_pages: int = 0,
 ) -> dict[str, float]:
     """One snapshot of every :data:`METRICS` key (``page_bytes``: device bytes of one page;
     0 where the engine did not say, then the byte gauges read 0)."""
@@ -156,6 +161,7 @@ def engine_totals(
         "policy_evicted_pages": policy_pages,
         "lru_fallback_pages": fallback_pages,
         "eviction_batches": eviction_batches,
+        "snapshot_budget_evicted_pages": budget_pages,
         "kv_pages": pages.held(KV),
         "snapshot_pages": pages.held(SNAPSHOT),
         "kv_bytes": pages.held(KV) * page_bytes,

@@ -28,6 +28,11 @@ key                 environment            default                  meaning
 ``max_pinned_       VLLM_HYBRID_MAX_       ``0.25``                 share of the pool's pages
 fraction``          PINNED_FRACTION                                 that pins (prewarm) may
                                                                     hold at once, in [0, 1]
+``max_snapshot_     VLLM_HYBRID_MAX_       ``1`` (no budget of      share of the pool's pages
+fraction``          SNAPSHOT_FRACTION      their own)               that free cached state
+                                                                    snapshots may hold, in
+                                                                    [0, 1]; over it the
+                                                                    policy's lowest go at once
 ``max_pin_ttl_s``   VLLM_HYBRID_MAX_PIN_   ``3600``                 longest pin TTL accepted,
                     TTL_S                                           in seconds
 ``modules``         VLLM_HYBRID_MODULES    ``""`` (none)            a prompt-module schema
@@ -59,6 +64,7 @@ ENV = {
     "shape": "VLLM_HYBRID_SHAPE",
     "debug": "VLLM_HYBRID_DEBUG",
     "max_pinned_fraction": "VLLM_HYBRID_MAX_PINNED_FRACTION",
+    "max_snapshot_fraction": "VLLM_HYBRID_MAX_SNAPSHOT_FRACTION",
     "max_pin_ttl_s": "VLLM_HYBRID_MAX_PIN_TTL_S",
     "modules": "VLLM_HYBRID_MODULES",
     "host_tier_gb": "VLLM_HYBRID_HOST_TIER_GB",
@@ -80,6 +86,7 @@ class HybridCacheConfig:
     shape: str = "auto"
     debug: bool = False
     max_pinned_fraction: float = 0.25
+    max_snapshot_fraction: float = 1.0
     max_pin_ttl_s: float = 3600.0
     modules: str = ""
     host_tier_gb: float = 0.0
@@ -87,6 +94,13 @@ class HybridCacheConfig:
     @property
     def enabled(self) -> bool:
         return self.policy != STOCK
+
+    def snapshot_budget_pages(self, pool_pages: int) -> int | None:
+        """The snapshot budget in pages of a pool of ``pool_pages`` (None: no budget of their
+        own, at the default share 1)."""
+        if self.max_snapshot_fraction >= 1.0:
+            return None
+        return int(self.max_snapshot_fraction * pool_pages)
 
     @property
     def host_tier_bytes(self) -> int:
@@ -118,6 +132,12 @@ class HybridCacheConfig:
             max_pinned_fraction=_number(
                 "max_pinned_fraction",
                 raw.get("max_pinned_fraction", cls.max_pinned_fraction),
+                low=0.0,
+                high=1.0,
+            ),
+            max_snapshot_fraction=_number(
+                "max_snapshot_fraction",
+                raw.get("max_snapshot_fraction", cls.max_snapshot_fraction),
                 low=0.0,
                 high=1.0,
             ),

@@ -49,14 +49,15 @@ Invariants (asserted by :meth:`check_integrity`):
    entry is stored.
 2. An entry's node has ``key`` as its key and spans ``(start, end]`` with ``end > 0``,
    ``start = end - block_tokens`` for a full block, else the block boundary below ``end``.
-3. Every group of every stored page is a KV group or a state group.
+3. Every group of every stored page is a KV group or a state group, all of one kind per page
+   (an engine's page belongs to one group).
 4. ``pages_victimized`` counts every page :meth:`pick_victims` returned; none was in use.
 5. The live trie equals a from-scratch rebuild (:meth:`_reference_trie`): ``live``, parent,
    ``children``/``partials``, ``has_snapshot``, and ``refs`` = the entry's in-use (page, group)
    pairs + its live children with ``refs > 0`` (the root: its children with ``refs > 0``), so
    ``refs == 0`` iff no (page, group) in the live subtree is in use; ``_kids``, ``_dead``
    (entries not live), ``_dups`` ((key, group) with two pages or more), ``used``/``used_state``,
-   ``_by_serial``, ``_n_live`` and ``_n_free`` match their definitions.
+   ``_by_serial``, ``_n_live``, ``_n_free`` and ``_n_free_state`` match their definitions.
 6. Every evictable unit (KV: live, ``refs == 0``; snapshot: ``has_snapshot``, no state page in
    use) whose priority is not None has a heap item of its node's current version, or is dirty.
 7. In events mode ``_used`` holds exactly the pages in use; in callback mode it holds cached
@@ -143,6 +144,10 @@ class PoolMirror:
         self.on_entry_deleted: Callable[[Hashable], None] | None = None
         #: ``on_snapshot_added(node)``: ``node`` has a page in every state group again.
         self.on_snapshot_added: Callable[[Node], None] | None = None
+        #: The snapshot budget: at most this many free cached pages of state groups (the
+        #: engine's ``max_snapshot_fraction`` of its pool); None: no budget of their own,
+        #: snapshots and KV compete for the pool by the policy's value alone.
+        self.snapshot_budget_pages: int | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -157,7 +162,7 @@ class PoolMirror:
         self._dirty: dict[int, _Entry] = {}  # serial -> entry to re-rank before the next pop
         self._heap: list[_Item] = []
         self._victims: dict[int, list[PageKey]] = {}  # last pick's victims -> what they held
-        self._n_live = self._n_free = 0
+        self._n_live = self._n_free = self._n_free_state = 0
         if not self._events:
             self._used.clear()
 
@@ -350,6 +355,17 @@ class PoolMirror:
             self._sync(is_free)
         return self._n_free
 
+    def free_state_pages(self) -> int:
+        """How many cached pages of state groups are free (events mode: exact, O(1); callback
+        mode: as of the last re-check). These are the snapshot budget's pages."""
+        return self._n_free_state
+
+    def snapshot_excess(self) -> int:
+        """Free state pages over :attr:`snapshot_budget_pages` (0 without a budget): what
+        :meth:`pick_snapshot_victims` should free after pages were released."""
+        budget = self.snapshot_budget_pages
+        return 0 if budget is None else max(0, self._n_free_state - budget)
+
     def pick_victims(self, n_pages: int, is_free: IsFree) -> list[int]:
         """At least ``n_pages`` free cached pages whose hashes the engine should drop now (fewer
         only if no more can go), in eviction order: every dead or duplicate page, then policy
@@ -357,18 +373,33 @@ class PoolMirror:
         here, as if :meth:`drop_page` had been called (so later units see the trie without
         them); the engine must drop their hashes at once and report it with :meth:`drop_page`,
         which then returns what the victim held and changes nothing else."""
+        return self._pick(n_pages, 0, is_free) if n_pages > 0 else []
+
+    def pick_snapshot_victims(self, n_state_pages: int, is_free: IsFree) -> list[int]:
+        """Free cached pages to drop so that at least ``n_state_pages`` free state pages stop
+        holding a snapshot (:meth:`snapshot_excess`): every dead or duplicate page, then
+        policy units lowest first, passing over the units that hold no state page (KV with no
+        snapshot in its subtree: a KV shortage evicts those, not the snapshot budget). A leaf
+        snapshot goes with its KV unit where the policy ranks it so (its KV alone could not be
+        resumed from). Same contract as :meth:`pick_victims` otherwise."""
+        return self._pick(0, n_state_pages, is_free) if n_state_pages > 0 else []
+
+    def _pick(self, n_pages: int, n_state_pages: int, is_free: IsFree) -> list[int]:
         out: list[int] = []
-        if n_pages <= 0:
-            return out
         if self._victims:
             self._victims.clear()
         if not self._events:
             self._sync(is_free)
+        state_target = self._n_free_state - n_state_pages if n_state_pages else None
         if self._dead or self._dups:
             out.extend(self._dead_or_duplicate(is_free))  # all of them: nothing can hit them
             for page in out:
                 self._victims[page] = self.drop_page(page)
-        if len(out) < n_pages:
+        if state_target is not None:
+            if self._n_free_state > state_target:
+                unbounded = len(self._page_keys) + len(out)  # the state target stops it
+                self._pick_units(unbounded, out, is_free, state_target)
+        elif len(out) < n_pages:
             self._pick_units(n_pages, out, is_free)
         assert all(is_free(p) for p in out), "inv 4: a victim page is in use"
         self.stats.pages += len(out)
@@ -387,6 +418,7 @@ class PoolMirror:
                 self._used.add(page)  # believed in use until is_free says otherwise
             elif page not in self._used:
                 self._n_free += 1
+                self._n_free_state += self._is_state[group]
         held.add((key, group))
         new_group = pages is None
         if pages is None:
@@ -408,6 +440,7 @@ class PoolMirror:
             del self._page_keys[page]
             if page not in self._used:
                 self._n_free -= 1
+                self._n_free_state -= self._is_state[group]
             elif not self._events:
                 self._used.discard(page)
         pages = entry.pages[group]
@@ -431,9 +464,11 @@ class PoolMirror:
             self._used.discard(page)
         if held is None:
             return
-        self._n_free += -1 if used else 1
+        delta = 1 if used else -1
+        self._n_free -= delta
         for key, group in held:
-            self._count_used(self._entries[key], group, 1 if used else -1)
+            self._count_used(self._entries[key], group, delta)
+        self._n_free_state -= delta * self._is_state[group]  # one kind per page (inv 3)
 
     def _set_many(self, pages: list[int], used: bool) -> None:
         """:meth:`_set_used` of cached pages, all the same way (a page already so is skipped):
@@ -465,6 +500,8 @@ class PoolMirror:
                 if entry.live:
                     node = entry.node
                     deltas[node] = deltas.get(node, 0) + delta
+            if is_state[group]:  # one kind per page (inv 3)
+                self._n_free_state -= delta
         for node, d in deltas.items():
             self._add_refs(node, d)
 
@@ -703,20 +740,32 @@ class PoolMirror:
                 self.stats.duplicate_pages += 1
         return out
 
-    def _pick_units(self, n_pages: int, out: list[int], is_free: IsFree) -> None:
+    def _pick_units(
+        self, n_pages: int, out: list[int], is_free: IsFree, state_target: int | None = None
+    ) -> None:
+        """Policy units, lowest first, until ``out`` holds ``n_pages`` pages or, with
+        ``state_target``, until at most that many free state pages still hold a snapshot
+        (units without a state page are then passed over and stay ranked)."""
         taken = set(out)
         hook = getattr(self.policy, "on_evicted", None)  # optional (core/policy.py)
+        passed: list[_Item] = []
         while len(out) < n_pages:
+            if state_target is not None and self._n_free_state <= state_target:
+                break
             popped = self._pop_valid()
             if popped is None:
                 break
-            (prio, _, _, kind, _), entry = popped
+            item, entry = popped
+            prio, kind = item[0], item[3]
             pages = self._unit_pages(entry, kind)
             used = self._used
             if any(p in used or not is_free(p) for p in pages) and not all(
                 self._free(p, is_free) for p in pages
             ):
                 continue  # the mirror had missed a use: the unit waits until it is free
+            if state_target is not None and kind == _KV and not self._holds_state(pages):
+                passed.append(item)
+                continue
             self.policy.on_evict(prio)
             if hook is not None:  # as PrefixIndex calls it: before the unit goes
                 hook(entry.node, kind == _SNAP, self._n_live)  # live entries, not units
@@ -733,6 +782,12 @@ class PoolMirror:
                 if page not in taken:
                     out.append(page)
                     taken.add(page)
+        for item in passed:  # still ranked (an item whose entry changed meanwhile is stale)
+            heapq.heappush(self._heap, item)
+
+    def _holds_state(self, pages: list[int]) -> bool:
+        page_keys, is_state = self._page_keys, self._is_state
+        return any(is_state[g] for p in pages for _, g in page_keys[p])
 
     def _unit_pages(self, entry: _Entry, kind: int) -> list[int]:
         """A snapshot unit's state pages, or a KV unit's pages (all groups, whole subtree),
@@ -803,8 +858,12 @@ class PoolMirror:
                 for page in pages:
                     assert (key, group) in self._page_keys.get(page, ()), f"inv 1: page {page}"
                     seen.add((page, key, group))
+        n_free_state = 0
         for page, held in self._page_keys.items():
             assert held, f"inv 1: page {page} with an empty key set"
+            kinds = {self._is_state[g] for _, g in held}
+            assert len(kinds) == 1, f"inv 3: page {page} holds KV and state groups: {held}"
+            n_free_state += page not in self._used and kinds == {True}
             for key, group in held:
                 assert (page, key, group) in seen, f"inv 1: page {page} -> {key!r} not mirrored"
         assert sum(len(k) for k in self._kids.values()) == len(self._entries), "inv 5: _kids"
@@ -813,6 +872,7 @@ class PoolMirror:
         assert self._events or self._used <= self._page_keys.keys(), "inv 7: _used uncached"
         n_free = sum(p not in self._used for p in self._page_keys)
         assert self._n_free == n_free, f"inv 5: _n_free {self._n_free} != {n_free}"
+        assert self._n_free_state == n_free_state, f"inv 5: _n_free_state {self._n_free_state}"
 
     def _check_trie(self) -> None:
         ref = self._reference_trie()

@@ -61,6 +61,7 @@ class HybridBlockPool(BlockPool):
     hy_policy_pages: int
     hy_fallback_pages: int
     hy_evict_calls: int
+    hy_budget_pages: int  # pages dropped for the snapshot budget (max_snapshot_fraction)
     hy_pages: PageCounts  # pages cached / evicted by kind, for metrics.py
     hy_feed: RequestFeed | None  # set by the scheduler's activate()
     hy_debug: bool
@@ -206,9 +207,12 @@ class HybridBlockPool(BlockPool):
         blocks = list(ordered_blocks)  # callers pass generators (reversed(...))
         super().free_blocks(blocks)
         # _hy_released, inlined (hot: vLLM frees one or two blocks per call, ~20 calls a step)
-        self._hy_mirror.pages_freed(
+        mirror = self._hy_mirror
+        mirror.pages_freed(
             [b.block_id for b in blocks if not b.ref_cnt and (b.pool is self or b.pool is None)]
         )
+        if mirror.snapshot_budget_pages is not None and mirror.snapshot_excess():
+            self._hy_enforce_snapshot_budget()
 
     def unpin_blocks(self, blocks: Iterable[KVCacheBlock], *args: Any, **kwargs: Any) -> Any:
         blocks = list(blocks)
@@ -219,9 +223,22 @@ class HybridBlockPool(BlockPool):
     def _hy_released(self, blocks: list[KVCacheBlock]) -> None:
         # One batch per call. The null block (its ref_cnt is not maintained) is never cached,
         # and the mirror ignores an uncached page it believes free, so no is_null check here.
-        self._hy_mirror.pages_freed(
+        mirror = self._hy_mirror
+        mirror.pages_freed(
             [b.block_id for b in blocks if not b.ref_cnt and (b.pool is self or b.pool is None)]
         )
+        if mirror.snapshot_budget_pages is not None and mirror.snapshot_excess():
+            self._hy_enforce_snapshot_budget()
+
+    def _hy_enforce_snapshot_budget(self) -> None:
+        """Released pages took the free snapshots over ``max_snapshot_fraction`` of the pool:
+        drop the policy's lowest units holding states at once (``PoolMirror.
+        pick_snapshot_victims``), as an eviction would, so the budget holds after every
+        release; the pages become free uncached blocks at the head of the queue."""
+        mirror = self._hy_mirror
+        pages = mirror.pick_snapshot_victims(mirror.snapshot_excess(), self._hy_is_free)
+        self._hy_drop_victims(pages)
+        self.hy_budget_pages += len(pages)
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """As vLLM's, but cached blocks are reused in the policy's order, not LRU order."""
@@ -264,20 +281,25 @@ class HybridBlockPool(BlockPool):
         if logging_on:  # only the debug line needs the counts from before
             stats_before = dataclasses.replace(self._hy_mirror.stats)
             evicted_before = (self.hy_pages.evicted[KV], self.hy_pages.evicted[SNAPSHOT])
+        victims = self._hy_mirror.pick_victims(shortfall, self._hy_is_free)
+        self._hy_drop_victims(victims)
+        self.hy_policy_pages += len(victims)
+        self.hy_evict_calls += 1
+        if logging_on:
+            self._hy_log_batch(shortfall, len(victims), evicted_before, stats_before)
+
+    def _hy_drop_victims(self, pages: list[int]) -> None:
+        """Drop the victims' hashes as ``_maybe_evict_cached_block`` does (minus the metrics
+        call that ``get_new_blocks`` makes) and move them to the head of the free queue."""
         queue, blocks = self.free_block_queue, self.blocks
-        victims = [blocks[p] for p in self._hy_mirror.pick_victims(shortfall, self._hy_is_free)]
+        victims = [blocks[p] for p in pages]
         events = self.enable_kv_cache_events
         for block in victims:
-            # as _maybe_evict_cached_block, minus the metrics call that get_new_blocks makes
             removed = self._remove_cached_block_hashes(block)
             if events:
                 self._emit_block_removed_events(removed)
             queue.remove(block)
         queue.prepend_n(victims)
-        self.hy_policy_pages += len(victims)
-        self.hy_evict_calls += 1
-        if logging_on:
-            self._hy_log_batch(shortfall, len(victims), evicted_before, stats_before)
 
     def _hy_log_batch(
         self, shortfall: int, n_pages: int, evicted_before: tuple[int, int], before: VictimStats
@@ -336,8 +358,25 @@ class HybridBlockPool(BlockPool):
             n_free += block.ref_cnt == 0 and not block.is_null
         assert n_free == self.get_num_free_blocks(), "free queue != blocks with ref_cnt 0"
         self._hy_check_page_counts()
+        budget = self._hy_mirror.snapshot_budget_pages
+        if budget is not None:
+            self._hy_check_snapshot_budget(budget)
         if self.hy_host is not None:
             self.hy_host.check_integrity()
+
+    def _hy_check_snapshot_budget(self, budget: int) -> None:
+        """Free cached state pages <= the budget, but for those of a path in use (a unit with
+        a page in use never goes; vLLM takes and frees a snapshot's pages in every Mamba
+        group together, so none is left between steps)."""
+        mirror = self._hy_mirror
+        stuck = 0
+        for page in mirror.cached_pages():
+            keys = mirror.keys_of(page)
+            if self.blocks[page].ref_cnt == 0 and any(g in mirror.state_groups for _, g in keys):
+                node = mirror.node_of(next(iter(keys))[0])
+                stuck += node is not None and node.refs > 0
+        held = mirror.free_state_pages()
+        assert held <= budget + stuck, f"snapshot budget: {held} free state pages > {budget}"
 
     def _hy_check_page_counts(self) -> None:
         """``hy_pages`` (metrics) agrees with the pages the mirror holds, by kind."""
@@ -377,6 +416,7 @@ def install(pool: BlockPool, mirror: PoolMirror) -> HybridBlockPool:
     hybrid._hy_request = None
     hybrid._hy_quiet = False
     hybrid.hy_policy_pages = hybrid.hy_fallback_pages = hybrid.hy_evict_calls = 0
+    hybrid.hy_budget_pages = 0
     hybrid.hy_pages = PageCounts(mirror.kv_groups, mirror.state_groups)
     hybrid.hy_feed = None
     hybrid.hy_debug = False

@@ -114,6 +114,7 @@ def _pool_totals(pool: Any, feed: Any) -> dict[str, float]:
         policy_pages=pool.hy_policy_pages,
         fallback_pages=pool.hy_fallback_pages,
         eviction_batches=pool.hy_evict_calls,
+        budget_pages=pool.hy_budget_pages,
     )
 
 

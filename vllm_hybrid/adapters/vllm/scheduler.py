@@ -103,6 +103,7 @@ def activate(scheduler: Any) -> HybridBlockPool | None:
         policy=policy,
         kv_bytes_per_token=cost.kv_bytes_per_token,  # nodes' KV bytes, as the policy counts them
     )
+    mirror.snapshot_budget_pages = config.snapshot_budget_pages(pool.num_gpu_blocks)
     if config.snapshot_every != "engine":
         interval = periodic_interval(
             config.snapshot_every, getattr(policy, "interval_tokens", None), block_tokens
