@@ -10,18 +10,38 @@ With a host tier (``host_bytes > 0``), snapshots the policy evicts alone are dem
 memory; a request whose hit ends on a host snapshot counts as a hit (its prefix is skipped, the
 FLOPs are saved) and pays ``snapshot_bytes / host_bandwidth`` seconds of transfer
 (``promote_seconds``), the price of the tier.
+
+Requests in flight (``in_flight > 1``, off by default): an engine serving N requests at once
+holds every running request's pages and only registers a block's hash once it is computed. The
+loop models this as a sliding window, with the arrival order as admission order: request ``t``
+keeps its path, its new blocks and snapshots locked (held, counted in the budget, never evicted)
+until request ``t + in_flight - 1`` has been admitted, i.e. it is released just before request
+``t + in_flight`` is served. What request ``t`` inserted (blocks it created, snapshots it added,
+partial states) becomes visible to lookups from request ``t + visible_after`` on: 1 (the
+default) makes it visible to the next request, ``in_flight`` hides everything a request still in
+flight inserted. vLLM registers a block's hash once the step that computed it has run, and a
+prefill that fits the step's token budget completes in the step that admits it, so only
+requests admitted in the same step miss each other's blocks; against the engine
+(docs/bench_replay.md) 1 is the closest. A request that cannot see a block recomputes it and
+shares the cached copy (the engine holds a duplicate page while both run; the index keeps one
+copy per key). ``running_bytes``: what each request in flight holds outside the index for its
+whole stay (in vLLM's align mode its running state, a page per Mamba group, and its last
+partial KV block); the window is always full, so the index budget is ``budget_bytes -
+in_flight * running_bytes``. ``in_flight=1`` with ``running_bytes=0`` (the defaults) is the
+one-request-at-a-time loop above, unchanged.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from vllm_hybrid.core.cost import CostModel
 from vllm_hybrid.core.host_tier import HostTier
 from vllm_hybrid.core.index import PrefixIndex
-from vllm_hybrid.core.node import LockHandle, Match
+from vllm_hybrid.core.node import LockHandle, Match, Node
 from vllm_hybrid.core.policies import BeladyOracle
 from vllm_hybrid.core.policy import AdmitContext
 from vllm_hybrid.sim.trace import KeyedRequest
@@ -85,22 +105,114 @@ class BudgetViolation(RuntimeError):
 
 
 def _commit(
-    index: PrefixIndex, kr: KeyedRequest, m: Match, h: LockHandle, positions: list[int], t: int
+    index: PrefixIndex,
+    kr: KeyedRequest,
+    m: Match,
+    h: LockHandle,
+    positions: list[int],
+    t: int,
+    window: _Window | None = None,
 ) -> None:
     b = index.block_tokens
     wanted = set(positions)
     for pos in sorted(p for p in wanted if p % b == 0 and 0 < p <= m.kv_tokens):
-        index.admit_snapshot(m.kv_nodes[pos // b - 1], t)
+        _admit_snapshot(index, m.kv_nodes[pos // b - 1], t, window)
     for i in range(len(m.kv_nodes), len(kr.keys)):
         node = index.insert_block(h, kr.keys[i], t, origin=t)
         if node is None:
             return  # budget full of locked entries: the rest is not cached
         if node.end_tokens in wanted:
-            index.admit_snapshot(node, t)
+            _admit_snapshot(index, node, t, window)
     end = kr.req.cacheable_tokens
     tail = kr.tail_key
     if end in wanted and end % b and tail is not None and h.node.end_tokens == end // b * b:
-        index.admit_partial(h, tail, end % b, t, origin=t)
+        partial = index.admit_partial(h, tail, end % b, t, origin=t)
+        if window is not None and partial is not None:
+            window.extra.append(index.lock(partial))  # the request's state: held while it runs
+
+
+def _admit_snapshot(index: PrefixIndex, node: Node, t: int, window: _Window | None) -> None:
+    if window is None or node.has_snapshot:
+        index.admit_snapshot(node, t)
+    elif index.admit_snapshot(node, t):
+        window.new_snapshot(node, t)
+
+
+@dataclass
+class _Window:
+    """The requests in flight (``in_flight > 1``): their lock handles, held until they leave the
+    window, and the snapshots they added to existing nodes, hidden until ``visible_after``."""
+
+    in_flight: int
+    visible_after: int
+    held: deque[tuple[int, list[LockHandle]]] = field(default_factory=deque)
+    snap_by: dict[Node, int] = field(default_factory=dict)
+    snaps: deque[tuple[int, Node]] = field(default_factory=deque)
+    extra: list[LockHandle] = field(default_factory=list)
+
+    def admit(self, index: PrefixIndex, t: int) -> None:
+        """Before request ``t``: release the request that leaves the window (its slot is
+        ``t``'s) and forget the snapshots that became visible."""
+        while self.held and self.held[0][0] <= t - self.in_flight:
+            for h in self.held.popleft()[1]:
+                index.unlock(h)
+        while self.snaps and self.snaps[0][0] <= t - self.visible_after:
+            j, node = self.snaps.popleft()
+            if self.snap_by.get(node) == j:
+                del self.snap_by[node]
+
+    def new_snapshot(self, node: Node, t: int) -> None:
+        self.snap_by[node] = t
+        self.snaps.append((t, node))
+
+    def hold(self, t: int, h: LockHandle) -> None:
+        self.held.append((t, [h, *self.extra]))
+        self.extra = []
+
+    def release_all(self, index: PrefixIndex) -> None:
+        while self.held:
+            for h in self.held.popleft()[1]:
+                index.unlock(h)
+
+    def kv_hidden(self, node: Node, t: int) -> bool:
+        return node.origin > t - self.visible_after
+
+    def snap_hidden(self, node: Node, t: int) -> bool:
+        return self.snap_by.get(node, -1) > t - self.visible_after or self.kv_hidden(node, t)
+
+
+def _match_visible(
+    index: PrefixIndex, kr: KeyedRequest, max_tokens: int, t: int, window: _Window
+) -> Match:
+    """``index.match`` restricted to what request ``t`` can see: the KV path stops at the first
+    block a request still hidden from ``t`` created, and the hit is the deepest snapshot on
+    that path (or a partial child of it) that no hidden request added. With nothing hidden this
+    is exactly ``index.match(kr.keys, max_tokens, kr.probe)``."""
+    b = index.block_tokens
+    node, path, best = index.root, [], index.root
+    with_partials: list[Node] = [index.root] if index.root.partials else []
+    for key in kr.keys[: max_tokens // b]:
+        child = node.children.get(key)
+        if child is None or window.kv_hidden(child, t):
+            break
+        node = child
+        path.append(child)
+        if (child.has_snapshot and not window.snap_hidden(child, t)) or index.on_host(child):
+            best = child
+        if child.partials:
+            with_partials.append(child)
+    for parent in reversed(with_partials):
+        for n_tokens in sorted(parent.partials, reverse=True):
+            end = parent.end_tokens + n_tokens
+            if end <= best.end_tokens:
+                break
+            if end > max_tokens:
+                continue
+            hit = parent.partials[n_tokens].get(kr.probe(parent.end_tokens // b, n_tokens))
+            if hit is not None and not window.kv_hidden(hit, t):
+                best = hit
+                break
+    return Match(path, len(path) * b, best, best.end_tokens)
 
 
 def _serve(
@@ -111,10 +223,15 @@ def _serve(
     t: int,
     stats: RunStats,
     oracle: BeladyOracle | None,
+    window: _Window | None = None,
 ) -> None:
     req = kr.req
     index.now = t
-    m = index.match(kr.keys, req.prompt_tokens - 1, kr.probe)
+    if window is None:
+        m = index.match(kr.keys, req.prompt_tokens - 1, kr.probe)
+    else:
+        window.admit(index, t)
+        m = _match_visible(index, kr, req.prompt_tokens - 1, t, window)
     stats.requests += 1
     stats.prompt_tokens += req.prompt_tokens
     stats.hit_tokens += m.hit_tokens
@@ -146,8 +263,11 @@ def _serve(
     )
     policy.observe(ctx, m.hit_node)  # type: ignore[attr-defined]
     positions = policy.snapshot_positions(ctx)  # type: ignore[attr-defined]
-    _commit(index, kr, m, h, positions, t)
-    index.unlock(h)
+    _commit(index, kr, m, h, positions, t, window)
+    if window is None:
+        index.unlock(h)
+    else:
+        window.hold(t, h)
 
 
 def replay(
@@ -162,16 +282,30 @@ def replay(
     progress: ProgressFn | None = None,
     host_bytes: int = 0,
     host_bandwidth: float = 25e9,
+    in_flight: int = 1,
+    visible_after: int = 1,
+    running_bytes: int = 0,
 ) -> RunStats:
     """Replay ``requests``; ``oracle`` (if given) records future uses for a Belady run;
     ``check_every`` > 0 runs ``check_integrity()`` every that many requests (slow);
-    ``host_bytes`` > 0 adds a host tier of that size, ``host_bandwidth`` bytes/s each way."""
+    ``host_bytes`` > 0 adds a host tier of that size, ``host_bandwidth`` bytes/s each way;
+    ``in_flight`` > 1 keeps that many requests in flight, ``visible_after`` (1..in_flight)
+    sets when a request's inserts become visible, ``running_bytes`` is what each request in
+    flight holds outside the index (module docstring)."""
+    if in_flight < 1:
+        raise ValueError(f"in_flight must be >= 1, got {in_flight}")
+    if not 1 <= visible_after <= in_flight:
+        raise ValueError(f"visible_after must be in 1..{in_flight}, got {visible_after}")
+    index_budget = budget_bytes - in_flight * running_bytes
+    if running_bytes < 0 or index_budget < 0:
+        raise ValueError(f"running_bytes {running_bytes} x {in_flight} outside 0..budget")
+    window = _Window(in_flight, visible_after) if in_flight > 1 else None
     host = HostTier(host_bytes, host_bandwidth) if host_bytes > 0 else None
     index = PrefixIndex(
         block_tokens=cost.block_tokens,
         kv_bytes_per_token=cost.kv_bytes_per_token,
         snapshot_bytes=cost.snapshot_bytes,
-        budget_bytes=budget_bytes,
+        budget_bytes=index_budget,
         policy=policy,  # type: ignore[arg-type]
         host=host,
     )
@@ -180,15 +314,17 @@ def replay(
     )
     started = time.perf_counter()
     for t, kr in enumerate(requests):
-        _serve(index, policy, cost, kr, t, stats, oracle)
-        if index.peak_bytes > budget_bytes:
-            raise BudgetViolation(f"{stats.policy}: peak {index.peak_bytes} > {budget_bytes}")
+        _serve(index, policy, cost, kr, t, stats, oracle, window)
+        if index.peak_bytes > index_budget:
+            raise BudgetViolation(f"{stats.policy}: peak {index.peak_bytes} > {index_budget}")
         if host is not None and host.peak_bytes > host_bytes:
             raise BudgetViolation(f"{stats.policy}: host peak {host.peak_bytes} > {host_bytes}")
         if check_every and t % check_every == 0:
             index.check_integrity()
         if progress is not None:
             progress(t + 1, len(requests))
+    if window is not None:
+        window.release_all(index)
     stats.seconds = time.perf_counter() - started
     stats.snapshots_taken = index.snapshots_admitted
     stats.snapshots_kept = index.n_snapshots
