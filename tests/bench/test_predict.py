@@ -37,3 +37,28 @@ def test_layout_round_trips_and_counts_bytes_in_pages() -> None:
     assert PoolLayout.from_json(LAYOUT.to_json()) == LAYOUT
     cost = LAYOUT.cost_model()
     assert cost.kv_bytes_per_block == 4096 and cost.snapshot_bytes == 3 * 4096
+
+
+def test_engine_in_flight_counts_requests_in_the_engine_at_each_arrival() -> None:
+    from vllm_hybrid.bench.predict import engine_in_flight
+
+    assert engine_in_flight([], [], 16) == 1
+    assert engine_in_flight([0.0, 1.0, 2.0], [0.5, 0.5, 0.5], 16) == 1  # never overlap
+    # all at once, each lasting past the last arrival: 1, 2, 3, 4 in the engine -> mean 2.5
+    assert engine_in_flight([0.0, 0.1, 0.2, 0.3], [9.0] * 4, 16) == 3
+    assert engine_in_flight([0.0, 0.1, 0.2, 0.3], [9.0] * 4, 2) == 2  # the rest queue
+
+
+def test_in_flight_prediction_hides_a_request_in_flight_and_holds_its_pages() -> None:
+    from vllm_hybrid.bench.predict import running_bytes
+
+    a = list(range(100, 150))
+    reqs = [_req(0, a), _req(1, a)]
+    assert running_bytes(LAYOUT) == 4 * 4096  # running state (3 groups) + last partial block
+    # Visible to the next request: the same 48 tokens as one at a time.
+    assert predict_hit_rate(reqs, LAYOUT, "stock", in_flight=2) == 48 / 100
+    # A 16-page pool: at most 2 requests in flight (their 2 x 4 running pages leave half of it
+    # to the cache), so 16 asked for runs as 2 instead of failing, and A's 6 pages still fit.
+    tiny = PoolLayout(16, B, 4096, 1, 3, "zamba2")
+    assert predict_hit_rate(reqs, tiny, "stock") == 48 / 100
+    assert predict_hit_rate(reqs, tiny, "stock", in_flight=16) == 48 / 100

@@ -17,6 +17,7 @@ from vllm_hybrid.bench.report import (
     outputs_identical,
     percentile,
     ratio_line,
+    sim_line,
     summarize,
     write_json,
 )
@@ -104,3 +105,21 @@ def test_evictions_line_only_for_rows_that_report_them() -> None:
     line = evictions_line([summarize(a), summarize(b)])
     assert line == "blocks evicted by policy/LRU fallback: ours 12/3"
     assert evictions_line([summarize(a)]) == ""
+
+
+def test_sim_line_says_how_many_requests_were_in_flight(tmp_path) -> None:
+    a = _row("stock", [0, 50], [0.2, 0.4], [[1], [2]])
+    b = _row("ours", [0, 50], [0.1, 0.2], [[1], [2]])
+    assert sim_line([summarize(a), summarize(b)]) == ""  # no predictions
+    a.sim_hit_rate, a.sim_in_flight, a.sim_hit_rate_1 = 0.16, 16, 0.163
+    b.sim_hit_rate, b.sim_in_flight, b.sim_hit_rate_1 = 0.15, 15, 0.215
+    line = sim_line([summarize(a), summarize(b)])
+    assert line == (
+        "sim hit simulated with: stock 16 in flight (one at a time 0.163), "
+        "ours 15 in flight (one at a time 0.215)"
+    )
+    path = tmp_path / "out.json"
+    write_json(path, {}, [b], [summarize(b)], outputs_identical([b]))
+    obj = json.loads(path.read_text())
+    assert obj["summary"][0]["sim_in_flight"] == 15
+    assert RowResult.from_json(obj["rows"][0]) == b

@@ -5,14 +5,20 @@ then replays the very token ids the engine saw, in arrival order, one request at
 the same policy object the engine's scheduler ran (``stock`` is modelled by the ``vllm`` policy,
 vLLM's align mode), bytes counted in the engine's pages and a budget of the engine's whole pool.
 
-Expected differences, all making the engine's hit rate *lower*: the engine's pool also holds the
-blocks of requests in flight (the simulator holds one request's at a time); requests that arrive
-together cannot reuse each other's states (vLLM's Mamba manager refuses blocks cached in the same
-step); a prompt's state is kept at its last full ``hash_tokens`` boundary below the prompt end.
+With ``in_flight=None`` that is the one-request-at-a-time replay with the whole pool, which
+ignores what the requests in flight take: their pages, and their blocks computed in the same
+step. With ``in_flight=N`` (``bench replay`` passes the engine's mean running count, see
+:func:`engine_in_flight`) the simulator keeps N requests in flight (``sim/replay.py``): each
+holds its path, blocks and snapshots until N more have been admitted, plus its running state
+and last partial block outside the cache (``running_bytes``: one page per group, vLLM's align
+mode), and what it inserted is visible from the next request on. Measured against the engine in
+docs/bench_replay.md. A prompt's state is kept at its last full ``hash_tokens`` boundary below
+the prompt end.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -70,12 +76,49 @@ def sim_requests(reqs: Sequence[BenchRequest], block_tokens: int) -> list[SimReq
     return out
 
 
-def predict_hit_rate(reqs: Sequence[BenchRequest], layout: PoolLayout, policy: str) -> float | None:
-    """The simulator's token hit rate for row ``policy`` (None for rows it cannot model)."""
+#: vLLM 0.32's ``max_num_seqs`` for a CPU ``vllm serve`` when none is given
+#: (``EngineArgs.get_batch_defaults``: 128 for the API server, 256 for the ``LLM`` class; the
+#: offline replay always passes ``--max-num-seqs``, default 16).
+SERVER_MAX_NUM_SEQS = 128
+
+
+def engine_in_flight(arrivals_s: Sequence[float], latencies_s: Sequence[float], cap: int) -> int:
+    """The engine's concurrency for the simulator: the mean over requests of how many were in
+    the engine when it arrived (itself included, finished ones not), each count capped at
+    ``cap`` (``max_num_seqs``: the rest wait in the queue and hold no pages), rounded; >= 1."""
+    if not arrivals_s:
+        return 1
+    ends = [a + lat for a, lat in zip(arrivals_s, latencies_s, strict=True)]
+    counts = [
+        min(cap, sum(1 for a2, e2 in zip(arrivals_s, ends, strict=True) if a2 <= a < e2))
+        for a in arrivals_s
+    ]
+    return max(1, math.floor(sum(counts) / len(counts) + 0.5))
+
+
+def running_bytes(layout: PoolLayout) -> int:
+    """What a running request holds outside the cache in vLLM's align mode: its running state
+    (one page per Mamba group) and its last, partial KV block (one page per attention group)."""
+    return (layout.state_groups + layout.kv_groups) * layout.page_bytes
+
+
+def predict_hit_rate(
+    reqs: Sequence[BenchRequest], layout: PoolLayout, policy: str, in_flight: int | None = None
+) -> float | None:
+    """The simulator's token hit rate for row ``policy`` (None for rows it cannot model).
+    ``in_flight=None``: one request at a time with the whole pool (the original prediction);
+    N: N requests in flight (module docstring), at most as many as leave half the pool to the
+    cache after their running pages."""
     name = SIM_POLICY.get(policy, policy)
     if name not in POLICIES:
         return None
     cost = layout.cost_model()
     keyed = [KeyedRequest(r, layout.block_tokens) for r in sim_requests(reqs, layout.block_tokens)]
-    stats = replay(keyed, cost, POLICIES[name](cost), layout.blocks * layout.page_bytes)
+    budget = layout.blocks * layout.page_bytes
+    if in_flight is None:
+        stats = replay(keyed, cost, POLICIES[name](cost), budget)
+        return stats.token_hit_rate
+    run = running_bytes(layout)
+    n = max(1, min(in_flight, budget // (2 * run)))
+    stats = replay(keyed, cost, POLICIES[name](cost), budget, in_flight=n, running_bytes=run)
     return stats.token_hit_rate

@@ -32,6 +32,7 @@ from vllm_hybrid.bench.report import (
     oracle_line,
     outputs_identical,
     ratio_line,
+    sim_line,
     summarize,
     write_json,
 )
@@ -200,19 +201,34 @@ def run_offline(args: argparse.Namespace, reqs: list[BenchRequest]) -> list[RowR
     return rows
 
 
-def add_predictions(rows: list[RowResult], reqs: list[BenchRequest]) -> None:
-    """Each row's simulator prediction on the same requests, pool and costs (``predict.py``);
-    ``off`` predicts 0."""
+def add_predictions(
+    rows: list[RowResult], reqs: list[BenchRequest], max_num_seqs: int | None
+) -> None:
+    """Each row's simulator prediction on the same requests, pool and costs (``predict.py``),
+    with as many requests in flight as the row's engine had on average (its records: requests
+    in the engine at each arrival, at most ``max_num_seqs``; None: a server's, vLLM's CPU
+    default), and one at a time; ``off`` predicts 0."""
     from vllm_hybrid.bench.policies import OFF, OURS, OURS_DEFAULT, base_policy
-    from vllm_hybrid.bench.predict import PoolLayout, predict_hit_rate
+    from vllm_hybrid.bench.predict import (
+        SERVER_MAX_NUM_SEQS,
+        PoolLayout,
+        engine_in_flight,
+        predict_hit_rate,
+    )
 
+    cap = SERVER_MAX_NUM_SEQS if max_num_seqs is None else max_num_seqs
     for row in rows:
         if row.policy == OFF:
             row.sim_hit_rate = 0.0
         elif row.layout is not None:
             base = base_policy(row.policy)  # the simulator's prediction has no host tier
             name = OURS_DEFAULT if base == OURS else base
-            row.sim_hit_rate = predict_hit_rate(reqs, PoolLayout.from_json(row.layout), name)
+            layout = PoolLayout.from_json(row.layout)
+            recs = row.records
+            n = engine_in_flight([r.arrival_s for r in recs], [r.latency_s for r in recs], cap)
+            row.sim_in_flight = n
+            row.sim_hit_rate = predict_hit_rate(reqs, layout, name, in_flight=n)
+            row.sim_hit_rate_1 = predict_hit_rate(reqs, layout, name)
 
 
 def run_http(args: argparse.Namespace, reqs: list[BenchRequest]) -> list[RowResult]:
@@ -246,8 +262,9 @@ def print_report(args: argparse.Namespace, reqs: list[BenchRequest], rows: list[
         f"{'url ' + args.url if args.url else 'model ' + str(args.model)}"
     )
     print(format_table(summaries))
-    lines = (ratio_line(summaries), evictions_line(summaries), host_line(summaries))
-    for line in (*lines, oracle_line(oracle)):
+    lines = [ratio_line(summaries), evictions_line(summaries), host_line(summaries)]
+    lines += [sim_line(summaries), oracle_line(oracle)]
+    for line in lines:
         if line:
             print(line)
     if args.json_out:
@@ -259,7 +276,7 @@ def run_replay(args: argparse.Namespace) -> int:
     try:
         reqs = load_workload(args)
         rows = run_http(args, reqs) if args.url else run_offline(args, reqs)
-        add_predictions(rows, reqs)
+        add_predictions(rows, reqs, None if args.url else args.max_num_seqs)
     except BenchError as exc:
         print(f"vllm-hybrid bench replay: {exc}", file=sys.stderr)
         return 2

@@ -47,8 +47,12 @@ class RowResult:
     evictions: dict[str, int] = field(default_factory=dict)
     #: The engine's pool as the cost model sees it (``predict.PoolLayout``), for the simulator.
     layout: dict[str, Any] | None = None
-    #: The simulator's token hit rate for this row (filled in by the parent process).
+    #: The simulator's token hit rate for this row (filled in by the parent process), with
+    #: ``sim_in_flight`` requests in flight (the engine's mean running count).
     sim_hit_rate: float | None = None
+    sim_in_flight: int | None = None
+    #: The simulator's token hit rate one request at a time with the whole pool.
+    sim_hit_rate_1: float | None = None
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> RowResult:
@@ -60,6 +64,8 @@ class RowResult:
             obj.get("evictions") or {},
             obj.get("layout"),
             obj.get("sim_hit_rate"),
+            obj.get("sim_in_flight"),
+            obj.get("sim_hit_rate_1"),
         )
 
 
@@ -100,6 +106,8 @@ def summarize(row: RowResult) -> dict[str, Any]:
         "time_scale": row.time_scale,
         "evictions": row.evictions,
         "sim_hit_rate": row.sim_hit_rate,
+        "sim_in_flight": row.sim_in_flight,
+        "sim_hit_rate_1": row.sim_hit_rate_1,
     }
 
 
@@ -175,6 +183,18 @@ def host_line(summaries: list[dict[str, Any]]) -> str:
         if {"host_demotes", "host_promotes", "host_slots"} <= set(e := s.get("evictions") or {})
     ]
     return "host tier snapshots demoted/promoted/slots: " + ", ".join(parts) if parts else ""
+
+
+def sim_line(summaries: list[dict[str, Any]]) -> str:
+    """How the ``sim hit`` column was simulated: requests in flight per row, and the
+    one-request-at-a-time prediction next to it; empty without predictions."""
+    parts = [
+        f"{s['policy']} {s['sim_in_flight']} in flight"
+        + ("" if s.get("sim_hit_rate_1") is None else f" (one at a time {s['sim_hit_rate_1']:.3f})")
+        for s in summaries
+        if s.get("sim_in_flight") is not None
+    ]
+    return "sim hit simulated with: " + ", ".join(parts) if parts else ""
 
 
 def oracle_line(oracle: dict[str, Any]) -> str:
