@@ -47,6 +47,9 @@ from vllm_hybrid.core.policy import EvictionPolicy
 
 _KV, _SNAP = 0, 1
 ProbeFn = Callable[[int, int], Hashable]
+#: ``hidden(node, snapshot)``: whether a lookup must not see ``node``'s KV (``snapshot`` False)
+#: or its snapshot (True), e.g. what requests still in flight inserted (``sim/replay.py``).
+HiddenFn = Callable[[Node, bool], bool]
 
 
 class BudgetError(RuntimeError):
@@ -108,31 +111,44 @@ class PrefixIndex:
         return self._by_key.get(key)
 
     def match(
-        self, block_hashes: Sequence[Hashable], max_tokens: int, probe: ProbeFn | None = None
+        self,
+        block_hashes: Sequence[Hashable],
+        max_tokens: int,
+        probe: ProbeFn | None = None,
+        hidden: HiddenFn | None = None,
     ) -> Match:
         """Longest cached KV prefix of ``block_hashes`` within ``max_tokens`` and the deepest
         snapshot on it. ``probe(block_index, n_tokens)`` returns the key of the request's first
         ``n_tokens`` of block ``block_index``; with it, partial (exact-position) snapshots match.
-        A snapshot on the host tier counts (``on_host(m.hit_node)``; see :meth:`promote`)."""
+        A snapshot on the host tier counts (``on_host(m.hit_node)``; see :meth:`promote`).
+        With ``hidden``, the KV path stops at the first hidden block and hidden snapshots do
+        not count (a host snapshot is never hidden)."""
         node, path, best = self.root, [], self.root
         host = self.host
         with_partials: list[Node] = [self.root] if self.root.partials else []
         for key in block_hashes[: max_tokens // self.block_tokens]:
             child = node.children.get(key)
-            if child is None:
+            if child is None or (hidden is not None and hidden(child, False)):
                 break
             node = child
             path.append(child)
-            if child.has_snapshot or (host is not None and host.holds(child)):
+            if (child.has_snapshot and (hidden is None or not hidden(child, True))) or (
+                host is not None and host.holds(child)
+            ):
                 best = child
             if child.partials:
                 with_partials.append(child)
         if probe is not None:
-            best = self._match_partials(with_partials, best, max_tokens, probe)
+            best = self._match_partials(with_partials, best, max_tokens, probe, hidden)
         return Match(path, len(path) * self.block_tokens, best, best.end_tokens)
 
     def _match_partials(
-        self, candidates: list[Node], best: Node, max_tokens: int, probe: ProbeFn
+        self,
+        candidates: list[Node],
+        best: Node,
+        max_tokens: int,
+        probe: ProbeFn,
+        hidden: HiddenFn | None = None,
     ) -> Node:
         for node in reversed(candidates):
             for n_tokens in sorted(node.partials, reverse=True):
@@ -144,7 +160,7 @@ class PrefixIndex:
                 hit = node.partials[n_tokens].get(
                     probe(node.end_tokens // self.block_tokens, n_tokens)
                 )
-                if hit is not None:
+                if hit is not None and (hidden is None or not hidden(hit, False)):
                     best = hit
                     break
         return best

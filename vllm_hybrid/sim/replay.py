@@ -174,45 +174,17 @@ class _Window:
             for h in self.held.popleft()[1]:
                 index.unlock(h)
 
-    def kv_hidden(self, node: Node, t: int) -> bool:
-        return node.origin > t - self.visible_after
+    def hidden_from(self, t: int) -> Callable[[Node, bool], bool]:
+        """``PrefixIndex.match``'s ``hidden`` for request ``t``: a block a request still hidden
+        from ``t`` created, or a snapshot such a request added (``snapshot`` True)."""
+        first_hidden = t - self.visible_after + 1
 
-    def snap_hidden(self, node: Node, t: int) -> bool:
-        return self.snap_by.get(node, -1) > t - self.visible_after or self.kv_hidden(node, t)
+        def hidden(node: Node, snapshot: bool) -> bool:
+            return node.origin >= first_hidden or (
+                snapshot and self.snap_by.get(node, -1) >= first_hidden
+            )
 
-
-def _match_visible(
-    index: PrefixIndex, kr: KeyedRequest, max_tokens: int, t: int, window: _Window
-) -> Match:
-    """``index.match`` restricted to what request ``t`` can see: the KV path stops at the first
-    block a request still hidden from ``t`` created, and the hit is the deepest snapshot on
-    that path (or a partial child of it) that no hidden request added. With nothing hidden this
-    is exactly ``index.match(kr.keys, max_tokens, kr.probe)``."""
-    b = index.block_tokens
-    node, path, best = index.root, [], index.root
-    with_partials: list[Node] = [index.root] if index.root.partials else []
-    for key in kr.keys[: max_tokens // b]:
-        child = node.children.get(key)
-        if child is None or window.kv_hidden(child, t):
-            break
-        node = child
-        path.append(child)
-        if (child.has_snapshot and not window.snap_hidden(child, t)) or index.on_host(child):
-            best = child
-        if child.partials:
-            with_partials.append(child)
-    for parent in reversed(with_partials):
-        for n_tokens in sorted(parent.partials, reverse=True):
-            end = parent.end_tokens + n_tokens
-            if end <= best.end_tokens:
-                break
-            if end > max_tokens:
-                continue
-            hit = parent.partials[n_tokens].get(kr.probe(parent.end_tokens // b, n_tokens))
-            if hit is not None and not window.kv_hidden(hit, t):
-                best = hit
-                break
-    return Match(path, len(path) * b, best, best.end_tokens)
+        return hidden
 
 
 def _serve(
@@ -231,7 +203,7 @@ def _serve(
         m = index.match(kr.keys, req.prompt_tokens - 1, kr.probe)
     else:
         window.admit(index, t)
-        m = _match_visible(index, kr, req.prompt_tokens - 1, t, window)
+        m = index.match(kr.keys, req.prompt_tokens - 1, kr.probe, window.hidden_from(t))
     stats.requests += 1
     stats.prompt_tokens += req.prompt_tokens
     stats.hit_tokens += m.hit_tokens
