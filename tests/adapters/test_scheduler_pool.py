@@ -183,3 +183,24 @@ def test_fallback_takes_cached_blocks_in_vllms_lru_order() -> None:
         assert got == [b.block_id for b in stock.get_new_blocks(n)]
         ours.hy_check_integrity()
     assert ours.hy_fallback_pages == 4 and ours.hy_policy_pages == 0
+
+
+def test_snapshot_budget_drops_states_at_release_and_vllms_map_follows(caplog) -> None:
+    """Budget 1 state page: when a second request's state is released, the older chain's state
+    goes at once (with its leaf KV, flop's unit), vLLM's lookup no longer finds it, the budget
+    holds (``hy_check_integrity`` checks it), and one debug line says so."""
+    import logging
+
+    pool = make_pool(n_blocks=16)
+    pool._hy_mirror.snapshot_budget_pages = 1
+    a, b = request("a", 3), request("b", 3)
+    run_request(pool, a, snap_at=3)
+    assert pool.hy_budget_pages == 0 and cached(pool, a, 2, STATE)
+    pool._hy_mirror.tick()
+    with caplog.at_level(logging.DEBUG, logger="vllm_hybrid"):
+        run_request(pool, b, snap_at=3)  # checks integrity, budget included
+    assert pool._hy_mirror.free_state_pages() == 1
+    assert cached(pool, b, 2, STATE) and not cached(pool, a, 2, STATE)
+    assert pool.hy_budget_pages >= 1 and pool.hy_policy_pages == 0
+    lines = [r.getMessage() for r in caplog.records if "snapshot budget" in r.getMessage()]
+    assert lines and "over 1" in lines[0]

@@ -236,9 +236,16 @@ class HybridBlockPool(BlockPool):
         pick_snapshot_victims``), as an eviction would, so the budget holds after every
         release; the pages become free uncached blocks at the head of the queue."""
         mirror = self._hy_mirror
-        pages = mirror.pick_snapshot_victims(mirror.snapshot_excess(), self._hy_is_free)
+        excess = mirror.snapshot_excess()
+        pages = mirror.pick_snapshot_victims(excess, self._hy_is_free)
         self._hy_drop_victims(pages)
         self.hy_budget_pages += len(pages)
+        logger.debug(
+            "vllm-hybrid: snapshot budget: %d pages dropped for %d free state pages over %d",
+            len(pages),
+            excess,
+            mirror.snapshot_budget_pages,
+        )
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """As vLLM's, but cached blocks are reused in the policy's order, not LRU order."""
