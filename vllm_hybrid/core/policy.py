@@ -72,3 +72,51 @@ class AdmitContext:
 
 class AdmissionPolicy(Protocol):
     def snapshot_positions(self, ctx: AdmitContext) -> list[int]: ...
+
+
+def output_state_position(
+    policy: object,
+    prompt_tokens: int,
+    state_tokens: int,
+    block_tokens: int,
+    unit_tokens: int,
+    *,
+    request_index: int = 0,
+    hit_tokens: int = 0,
+    key_at: Callable[[int], Hashable] | None = None,
+) -> int:
+    """Where an engine keeps the recurrent state at the end of a request's output, or 0.
+
+    A request that generated past its prompt holds its running state at ``state_tokens`` (the
+    last computed position: prompt plus output, less the last sampled token). The next turn of
+    a conversation (previous prompt + answer + new message) can resume from it, at the engine's
+    match granularity ``unit_tokens`` (U, dividing ``block_tokens``): the candidate is
+    ``c = floor(state_tokens / U) * U``, and only past the prompt (``c >= prompt_tokens``; the
+    prompt's own end is kept by the engine's prompt path).
+
+    The policy decides, with the context the simulator builds for a turn that a later one
+    extends: the content up to ``c`` is cacheable and matchable exactly (``exact_end``). A
+    policy with ``output_state_positions(ctx)`` answers that; any other answers through its
+    admission method ``snapshot_positions(ctx)``. ``c`` is kept when it is among the answer
+    (``flop``, ``sglang``, ``marconi``: yes, the end of the cacheable content; ``vllm``,
+    ``lru-dense``: no, they model vLLM, which keeps none there)."""
+    if unit_tokens <= 0 or block_tokens % unit_tokens:
+        raise ValueError(f"unit {unit_tokens} must divide the block {block_tokens}")
+    end = state_tokens // unit_tokens * unit_tokens
+    if end < max(prompt_tokens, 1):
+        return 0
+    ctx = AdmitContext(
+        request_index=request_index,
+        prompt_tokens=prompt_tokens,
+        cacheable_tokens=end,
+        hit_tokens=hit_tokens,
+        kv_tokens=hit_tokens,
+        kv_tip_branches=False,
+        block_tokens=block_tokens,
+        exact_end=True,
+        key_at=key_at if key_at is not None else (lambda p: None),
+    )
+    ask = getattr(policy, "output_state_positions", None)
+    if ask is None:
+        ask = policy.snapshot_positions  # type: ignore[attr-defined]
+    return end if end in ask(ctx) else 0

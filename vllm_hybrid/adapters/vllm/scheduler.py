@@ -41,7 +41,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from vllm_hybrid.adapters.vllm.block_pool import HybridBlockPool, install
-from vllm_hybrid.adapters.vllm.cache_control import RESULT_KEY, CacheControl
+from vllm_hybrid.adapters.vllm.cache_control import RESULT_KEY, CacheControl, OutputStates
 from vllm_hybrid.adapters.vllm.config import engine_cost_model, load_config
 from vllm_hybrid.adapters.vllm.metrics import FIELD, attach_hybrid_stats, block_bytes
 from vllm_hybrid.adapters.vllm.plugin import share_vllm_logging
@@ -158,6 +158,16 @@ class _HybridMixin:
         self.hy_control = cache_control(self)
         if self.hybrid_pool is not None and self.hy_control is not None:
             self.hybrid_pool.hy_extra_totals = self.hy_control.totals  # metrics.hybrid_totals
+        #: End-of-output states (``cache_control.OutputStates``): only with the core in charge
+        #: (never under ``policy: stock``, where vLLM's cache stays untouched).
+        self.hy_output: OutputStates | None = None
+        if self.hybrid_pool is not None:
+            control = self.hy_control
+            self.hy_output = OutputStates.install(
+                self,
+                self.hybrid_pool._hy_mirror.policy,
+                sub_block=control is not None and control.stop_tokens < control.block_tokens,
+            )
         control = self.hy_control
         if control is None or control.stop_tokens >= control.block_tokens:
             # No sub-block stops can ever be pending: vLLM's split itself, bound on the
@@ -237,6 +247,8 @@ class _HybridMixin:
             )
 
     def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.hy_output is not None:
+            self.hy_output.on_finished(request)  # before vLLM frees the blocks (and the origin)
         if self.hybrid_pool is not None:
             self.hybrid_pool.hy_origin.pop(request.request_id, None)
         kv_params, ec_params = super()._free_request(request, *args, **kwargs)  # type: ignore[misc]

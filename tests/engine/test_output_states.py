@@ -1,0 +1,138 @@
+"""End-of-output states: the next turn of a conversation resumes from the end of the answer.
+
+One engine (tiny Zamba2, 128-token blocks, the default prefix match unit = the block, the
+``flop`` policy, integrity checks after every scheduler step). A greedy chat of four turns
+whose answers cross a block boundary while decoding: vLLM 0.32 alone keeps no state there
+(``MambaManager.reachable_block_mask`` keeps only prompt ends and junctions), so each turn
+resumed from the block below the previous *prompt's* end; with ``OutputStates``
+(``adapters/vllm/cache_control.py``) it resumes from the block below the end of the previous
+*answer*. Oracles:
+
+* every turn's ``num_cached_tokens`` is exactly the highest state the policy keeps: the
+  block-floor of the previous turn's prompt + answer (the last computed position);
+* greedy outputs equal outputs computed from scratch: the same requests each under a fresh
+  ``cache_salt`` (which shares no cached block), token for token;
+* the superseded boundary states of a long answer are dropped (one end state per answer).
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+
+import pytest
+
+from tests.engine.conftest import engine, vllm
+from vllm_hybrid.testing.fixtures import tiny_model_dir
+
+pytestmark = pytest.mark.engine
+
+BLOCK = 128
+ANSWER = 40  # tokens per answer: each answer below crosses a block boundary while decoding
+
+
+@pytest.fixture(scope="module")
+def llm(model_root):
+    config = {"vllm_hybrid": {"policy": "flop", "debug": True}}
+    with engine(
+        tiny_model_dir("zamba2", model_root),
+        enable_prefix_caching=True,
+        num_gpu_blocks_override=128,
+        additional_config=config,
+    ) as llm:
+        yield llm
+
+
+def _params() -> object:
+    return vllm.SamplingParams(temperature=0.0, max_tokens=ANSWER, ignore_eos=True)
+
+
+def _generate(llm, prompt: list[int], salt: str | None = None):
+    item: dict = {"prompt_token_ids": prompt}
+    if salt is not None:
+        item["cache_salt"] = salt
+    return llm.generate([item], _params(), use_tqdm=False)[0]
+
+
+def _floor(tokens: int) -> int:
+    return tokens // BLOCK * BLOCK
+
+
+def _conversation() -> tuple[random.Random, list[int]]:
+    """The conversation's start; each turn adds 20 new tokens, then the answer (prompts 610,
+    670, 730, 790, 850; the last computed positions 649, 709, 769, 829, 889)."""
+    rng = random.Random(11)
+    conversation = [rng.randrange(10, 1000) for _ in range(590)]
+    return rng, conversation
+
+
+def test_next_turn_resumes_from_the_end_of_the_answer(llm):
+    rng, conversation = _conversation()
+    kept: list[int] = []  # the states the engine should hold for this conversation
+    turns = []  # (prompt, num_cached_tokens, expected, answer)
+    for _ in range(5):
+        conversation = conversation + [rng.randrange(10, 1000) for _ in range(20)]
+        out = _generate(llm, conversation)
+        answer = list(out.outputs[0].token_ids)
+        assert len(answer) == ANSWER
+        prompt_tokens = len(conversation)
+        expected = max((p for p in kept if p <= prompt_tokens - 1), default=0)
+        turns.append((prompt_tokens, out.num_cached_tokens, expected, answer))
+        computed = prompt_tokens + ANSWER - 1  # the last sampled token is never computed
+        kept += [_floor(prompt_tokens - 1), _floor(computed)]  # prompt end, answer end
+        conversation = conversation + answer
+    hits = [(p, got) for p, got, _, _ in turns]
+    assert [got for _, got, _, _ in turns] == [want for _, _, want, _ in turns], hits
+    # vLLM alone: 0, 512, 640, 640, 768 (the previous prompt's end); the answers of turns 1
+    # and 3 crossed 640 and 768 while decoding.
+    assert [got for _, got, _, _ in turns] == [0, 640, 640, 768, 768], hits
+
+    # Outputs equal from-scratch outputs (a fresh salt per request: no cached block shared).
+    rng, conversation = _conversation()
+    for _, _, _, answer in turns:
+        conversation = conversation + [rng.randrange(10, 1000) for _ in range(20)]
+        reference = _generate(llm, conversation, salt=uuid.uuid4().hex)
+        assert reference.num_cached_tokens == 0
+        assert list(reference.outputs[0].token_ids) == answer
+        conversation = conversation + answer
+
+
+def test_a_long_answer_keeps_one_end_state(llm):
+    """An answer crossing two block boundaries keeps the last one only; the next turn hits
+    it, and a prompt that stops at the earlier boundary finds no state there."""
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    output = scheduler.hy_output
+    assert output is not None
+    rng = random.Random(12)
+    prompt = [rng.randrange(10, 1000) for _ in range(300)]
+    params = vllm.SamplingParams(temperature=0.0, max_tokens=300, ignore_eos=True)
+    before = (output.kept_boundaries, output.dropped)
+    out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
+    answer = list(out.outputs[0].token_ids)
+    computed = 300 + 300 - 1  # 599: boundaries 384 and 512 crossed while decoding
+    assert (output.kept_boundaries - before[0], output.dropped - before[1]) == (2, 1)
+    full = prompt + answer
+    nxt = _generate(llm, full[:computed] + [rng.randrange(10, 1000) for _ in range(30)])
+    assert nxt.num_cached_tokens == _floor(computed) == 512
+    # 384 was an end only until 512 was crossed: a prompt ending just past it resumes from
+    # the previous prompt's end (256) instead.
+    early = _generate(llm, full[:390] + [rng.randrange(10, 1000) for _ in range(5)])
+    assert early.num_cached_tokens == 256
+
+
+def test_the_policy_decides_where_the_end_state_goes():
+    """``core/policy.py::output_state_position`` (no engine): the end of the output, floored
+    to the match unit and past the prompt, where the policy's admission keeps it."""
+    from vllm_hybrid.core.cost import CostModel
+    from vllm_hybrid.core.policies import POLICIES
+    from vllm_hybrid.core.policy import output_state_position
+    from vllm_hybrid.core.shapes import load_shape
+
+    cost = CostModel(load_shape("zamba2-2.7b"), BLOCK)
+    cases = ((661, BLOCK), (640, BLOCK), (661, 1), (661, 16), (639, BLOCK))
+    got = {
+        name: [output_state_position(cls(cost), 638, end, BLOCK, unit) for end, unit in cases]
+        for name, cls in POLICIES.items()
+    }
+    assert got["flop"] == got["sglang"] == got["marconi"] == [640, 640, 661, 656, 0]
+    assert got["vllm"] == [0, 0, 0, 0, 0]  # vLLM keeps no state inside the output
