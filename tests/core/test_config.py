@@ -55,8 +55,13 @@ def test_snapshot_budget_share() -> None:
     assert default.max_snapshot_fraction == 1.0 and default.snapshot_budget_pages(384) is None
     got = HybridCacheConfig.from_sources(None, {"VLLM_HYBRID_MAX_SNAPSHOT_FRACTION": "0.25"})
     assert got.snapshot_budget_pages(384) == 96
-    got = HybridCacheConfig.from_sources({"max_snapshot_fraction": 0}, {})
-    assert got.snapshot_budget_pages(384) == 0  # no snapshot outlives its request
+    assert got.snapshot_budget_warning(384, 6) == ""
+    got = HybridCacheConfig.from_sources({"max_snapshot_fraction": 0.01}, {})
+    assert got.snapshot_budget_pages(384) == 3  # under one snapshot of 6 pages
+    assert "leaves 3 pages of 384, under one snapshot (6 pages)" in got.snapshot_budget_warning(
+        384, 6
+    )
+    assert default.snapshot_budget_warning(384, 6) == ""
     for bad in ("-0.1", "1.5", "half", True, None):
         with pytest.raises(
             ConfigError, match=r"max_snapshot_fraction .* must be a number in \[0, 1\]"

@@ -102,6 +102,18 @@ class HybridCacheConfig:
             return None
         return int(self.max_snapshot_fraction * pool_pages)
 
+    def snapshot_budget_warning(self, pool_pages: int, snapshot_pages: int) -> str:
+        """A warning when the budget cannot hold one snapshot of ``snapshot_pages`` (one page
+        per state group), else ''."""
+        budget = self.snapshot_budget_pages(pool_pages)
+        if budget is None or budget >= snapshot_pages:
+            return ""
+        return (
+            f"max_snapshot_fraction {self.max_snapshot_fraction:g} leaves {budget} pages of "
+            f"{pool_pages}, under one snapshot ({snapshot_pages} pages): no state outlives its "
+            "request, so nothing will hit"
+        )
+
     @property
     def host_tier_bytes(self) -> int:
         """The host tier's budget in bytes (0: the tier is off)."""

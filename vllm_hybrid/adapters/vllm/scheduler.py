@@ -104,6 +104,9 @@ def activate(scheduler: Any) -> HybridBlockPool | None:
         kv_bytes_per_token=cost.kv_bytes_per_token,  # nodes' KV bytes, as the policy counts them
     )
     mirror.snapshot_budget_pages = config.snapshot_budget_pages(pool.num_gpu_blocks)
+    too_small = config.snapshot_budget_warning(pool.num_gpu_blocks, len(state))
+    if too_small:
+        logger.warning("vllm-hybrid: %s", too_small)
     if config.snapshot_every != "engine":
         interval = periodic_interval(
             config.snapshot_every, getattr(policy, "interval_tokens", None), block_tokens
