@@ -317,6 +317,40 @@ def test_sub_block_breakpoints_hit_exactly_and_outputs_match_from_scratch(client
     assert got == want
 
 
+def test_next_turn_resumes_at_exactly_the_end_of_the_answer(client):
+    """No breakpoint needed for a conversation: with ``U = 1`` the state at the end of an
+    answer (prompt + output - 1, the last computed position) is kept exactly
+    (``cache_control.OutputStates``), here inside the block that also holds a breakpoint stop
+    and the prompt's tail. The next turn (prompt + answer + new tokens) hits there, the
+    breakpoint still hits, and the replies equal the same requests from scratch."""
+    import random
+
+    rng = random.Random(23)
+    draw = lambda n: [rng.randrange(10, 1000) for _ in range(n)]  # noqa: E731
+    prompt = draw(300)
+    reply = client.completions.create(
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=8,
+        temperature=0.0,
+        logprobs=0,
+        extra_body={"return_tokens_as_token_ids": True, "vllm_xargs": {"cache_breakpoints": 280}},
+    )
+    answer = [int(t.split(":")[1]) for t in reply.choices[0].logprobs.tokens]
+    assert len(answer) == 8
+    for turn, hit in ((prompt + answer + draw(20), 300 + 8 - 1), (prompt[:280] + draw(20), 280)):
+        got = client.completions.create(model=MODEL, prompt=turn, max_tokens=4, temperature=0.0)
+        fresh = client.completions.create(
+            model=MODEL,
+            prompt=turn,
+            max_tokens=4,
+            temperature=0.0,
+            extra_body={"cache_salt": uuid.uuid4().hex},
+        )
+        assert got.usage.prompt_tokens_details.cached_tokens == hit
+        assert got.choices[0].text == fresh.choices[0].text
+
+
 def test_without_breakpoint_the_second_conversation_misses(client):
     cached, _, _ = chat(client, [system(21, False), user(1)])
     cached_again, _, hybrid = chat(

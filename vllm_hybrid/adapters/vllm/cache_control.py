@@ -558,6 +558,34 @@ class OutputStates:
                 dropped |= bool(self.pool._maybe_evict_cached_block(block))
         self.dropped += dropped
 
+    def _key_partial(self, request: Any, manager: Any, block: Any, end: int) -> None:
+        """Key ``block`` at ``end`` (``BlockPool.cache_partial_block``), keeping its shorter
+        keys: vLLM drops every key of a block whose primary key is shorter than the new one
+        (an attention block holding the prompt's tail or a breakpoint stop as well as the end
+        of the answer), so those found among the request's own keys are registered again,
+        after the longer one (as secondary keys they stay)."""
+        from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+
+        group = manager.kv_cache_group_id
+        held = set(self.pool.cached_block_hashes_by_block.get(block.block_id, ()))
+        if block.block_hash is not None:
+            held.add(block.block_hash)
+        unit, hashes = self.unit_tokens, request.block_hashes
+        start = (end - 1) // self.block_tokens * self.block_tokens
+        earlier = [
+            t
+            for t in range(start + unit, end, unit)
+            if held and make_block_hash_with_group_id(hashes[t // unit - 1], group) in held
+        ]
+        for tokens in (end, *earlier):
+            self.pool.cache_partial_block(
+                request=request,
+                block=block,
+                num_tokens=tokens,
+                kv_cache_group_id=group,
+                block_size=self.block_tokens,
+            )
+
     # ------------------------------------------------------------------ finish
     def on_finished(self, request: Any) -> None:
         """Called from ``Scheduler._free_request`` before vLLM frees the request's blocks."""
@@ -593,13 +621,7 @@ class OutputStates:
         if len(request.block_hashes) * self.unit_tokens < end:
             return
         for manager, block in pages:
-            self.pool.cache_partial_block(
-                request=request,
-                block=block,
-                num_tokens=end,
-                kv_cache_group_id=manager.kv_cache_group_id,
-                block_size=b,
-            )
+            self._key_partial(request, manager, block, end)
         self.kept_exact += 1
         if mark is not None:
             self._drop(request.request_id, mark)
