@@ -438,8 +438,18 @@ class OutputStates:
         self.kept_boundaries = 0  # block-boundary output states kept (tentatively)
         self.kept_exact = 0  # sub-block end states registered at finish
         self.dropped = 0  # superseded boundary states dropped
-        self._vllm_cache_blocks = self.coordinator.cache_blocks
-        self.coordinator.cache_blocks = self.cache_blocks  # instance attribute: one per engine
+        self._vllm_cache_blocks = vllm_cache_blocks = self.coordinator.cache_blocks
+        block, boundary = self.block_tokens, self.cache_blocks
+
+        def cache_blocks(request: Any, num_computed_tokens: int) -> None:
+            # vLLM calls this for every scheduled request at every step: one test, then
+            # vLLM's own, except at a block boundary past the prompt (see cache_blocks)
+            if num_computed_tokens % block or num_computed_tokens <= request.num_prompt_tokens:
+                vllm_cache_blocks(request, num_computed_tokens)
+            else:
+                boundary(request, num_computed_tokens)
+
+        self.coordinator.cache_blocks = cache_blocks  # instance attribute: one per engine
 
     @classmethod
     def install(cls, scheduler: Any, policy: Any, sub_block: bool) -> OutputStates | None:
