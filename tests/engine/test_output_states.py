@@ -23,6 +23,7 @@ import uuid
 import pytest
 
 from tests.engine.conftest import engine, vllm
+from vllm_hybrid.adapters.vllm.metrics import hybrid_totals
 from vllm_hybrid.testing.fixtures import tiny_model_dir
 
 pytestmark = pytest.mark.engine
@@ -111,6 +112,9 @@ def test_a_long_answer_keeps_one_end_state(llm):
     answer = list(out.outputs[0].token_ids)
     computed = 300 + 300 - 1  # 599: boundaries 384 and 512 crossed while decoding
     assert (output.kept_boundaries - before[0], output.dropped - before[1]) == (2, 1)
+    totals = hybrid_totals(scheduler.hybrid_pool)  # what /metrics exports
+    assert totals["output_states_kept"] == output.kept_boundaries + output.kept_exact
+    assert totals["output_states_dropped"] == output.dropped >= 1
     full = prompt + answer
     nxt = _generate(llm, full[:computed] + [rng.randrange(10, 1000) for _ in range(30)])
     assert nxt.num_cached_tokens == _floor(computed) == 512

@@ -596,6 +596,13 @@ class OutputStates:
                 block_size=self.block_tokens,
             )
 
+    def totals(self) -> dict[str, float]:
+        """Counters for ``/metrics`` (``core/cache_stats.py``)."""
+        return {
+            "output_states_kept": self.kept_boundaries + self.kept_exact,
+            "output_states_dropped": self.dropped,
+        }
+
     # ------------------------------------------------------------------ finish
     def on_finished(self, request: Any) -> None:
         """Called from ``Scheduler._free_request`` before vLLM frees the request's blocks."""

@@ -159,8 +159,6 @@ class _HybridMixin:
         super().__init__(*args, **kwargs)
         self.hybrid_pool = activate(self)
         self.hy_control = cache_control(self)
-        if self.hybrid_pool is not None and self.hy_control is not None:
-            self.hybrid_pool.hy_extra_totals = self.hy_control.totals  # metrics.hybrid_totals
         #: End-of-output states (``cache_control.OutputStates``): only with the core in charge
         #: (never under ``policy: stock``, where vLLM's cache stays untouched).
         self.hy_output: OutputStates | None = None
@@ -171,6 +169,11 @@ class _HybridMixin:
                 self.hybrid_pool._hy_mirror.policy,
                 sub_block=control is not None and control.stop_tokens < control.block_tokens,
             )
+            extras = [x.totals for x in (self.hy_control, self.hy_output) if x is not None]
+            if extras:  # metrics.hybrid_totals
+                self.hybrid_pool.hy_extra_totals = lambda: {
+                    key: value for totals in extras for key, value in totals().items()
+                }
         control = self.hy_control
         if control is None or control.stop_tokens >= control.block_tokens:
             # No sub-block stops can ever be pending: vLLM's split itself, bound on the
