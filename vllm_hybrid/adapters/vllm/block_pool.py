@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from vllm.v1.core.block_pool import BlockPool
@@ -68,6 +68,9 @@ class HybridBlockPool(BlockPool):
     hy_block_bytes: int  # bytes of one block in all groups (for the byte gauges)
     hy_origin: dict[str, int]  # request id -> its index in the feed, while it runs
     hy_host: HostLedger | None  # the host tier, if on (set by the scheduler's activate())
+    #: the cache control's and end-of-output states' counters for /metrics (set by the
+    #: scheduler; ``metrics.hybrid_totals``), None without either
+    hy_extra_totals: Callable[[], dict[str, float]] | None
     _hy_promoted: list[KVCacheBlock]  # blocks of this step's promotions, held until shipped
 
     # ---------------------------------------------------------------- mirroring the hash map
@@ -430,5 +433,6 @@ def install(pool: BlockPool, mirror: PoolMirror) -> HybridBlockPool:
     hybrid.hy_block_bytes = 0
     hybrid.hy_origin = {}
     hybrid.hy_host = None
+    hybrid.hy_extra_totals = None
     hybrid._hy_promoted = []
     return hybrid

@@ -53,13 +53,20 @@ def mamba_groups(kv_cache_config: KVCacheConfig) -> list[int]:
     ]
 
 
+def real_page_bytes(kv_cache_config: KVCacheConfig, group: int) -> int:
+    """``MambaSpec.real_page_size_bytes`` of a Mamba group: its states' bytes, without the
+    padding that makes a Mamba page as large as an attention page on the device (the group
+    is one of :func:`mamba_groups`; typed ``KVCacheSpec`` in vLLM's config)."""
+    spec: Any = kv_cache_config.kv_cache_groups[group].kv_cache_spec
+    return int(spec.real_page_size_bytes)
+
+
 def snapshot_bytes(kv_cache_config: KVCacheConfig) -> int:
     """Bytes of one snapshot on the host: the states of every layer of every Mamba group
-    (``MambaSpec.real_page_size_bytes``, without the padding that makes a Mamba page as large
-    as an attention page on the device; the page view the worker copies is that wide)."""
+    (:func:`real_page_bytes`; the page view the worker copies is that wide)."""
     groups = kv_cache_config.kv_cache_groups
     return sum(
-        groups[g].kv_cache_spec.real_page_size_bytes * len(groups[g].layer_names)
+        real_page_bytes(kv_cache_config, g) * len(groups[g].layer_names)
         for g in mamba_groups(kv_cache_config)
     )
 
@@ -99,7 +106,7 @@ class HostStateBuffer:
                         " int8 (vLLM 0.32's raw page view)"
                     )
                 rows = pages.squeeze(2).squeeze(1)
-                width = kv_cache_config.kv_cache_groups[g].kv_cache_spec.real_page_size_bytes
+                width = real_page_bytes(kv_cache_config, g)
                 if rows.shape != (kv_cache_config.num_blocks, width):  # never split, unpadded
                     raise RuntimeError(
                         f"vllm-hybrid host tier: Mamba layer {name} has {rows.shape[0]} pages "

@@ -80,8 +80,8 @@ def block_bytes(kv_cache_config: Any) -> int:
 
 def hybrid_totals(pool: Any) -> dict[str, float]:
     """The totals of one ``HybridBlockPool`` (``block_pool.py``), keys = ``METRICS`` keys, with
-    the pins' and breakpoints' (``pool.hy_extra_totals``, set by the scheduler from
-    ``cache_control.py``) where present."""
+    the pins', breakpoints' and end-of-output states' (``pool.hy_extra_totals``, set by the
+    scheduler from ``cache_control.py``) where present."""
     feed = pool.hy_feed
     extra = getattr(pool, "hy_extra_totals", None)
     return {

@@ -179,7 +179,7 @@ class _HybridMixin:
             # No sub-block stops can ever be pending: vLLM's split itself, bound on the
             # instance, so the override below costs nothing (vLLM calls it for every running
             # request at every step; ~1.5% of a 256-request step in bench_scheduler.py).
-            self._mamba_block_aligned_split = super()._mamba_block_aligned_split  # type: ignore[misc]
+            self._mamba_block_aligned_split = super()._mamba_block_aligned_split  # type: ignore[method-assign,misc]
         self.hybrid_checks = 0
 
     def _get_local_prefix_cache_hit(self, request: Any) -> Any:
@@ -229,8 +229,8 @@ class _HybridMixin:
         before this step, i.e. the prefix-cache hit) and the cached KV beyond it
         (``Request.shared_prefix_boundary``, from ``KVCacheManager.get_computed_blocks``)."""
         pool = self.hybrid_pool
-        assert pool is not None
-        mirror = pool._hy_mirror
+        assert pool is not None and pool.hy_feed is not None
+        mirror, feed = pool._hy_mirror, pool.hy_feed
         control = self.hy_control
         for new in out.scheduled_new_reqs:
             request = self.requests.get(new.req_id)  # type: ignore[attr-defined]
@@ -243,7 +243,7 @@ class _HybridMixin:
                 else request.shared_prefix_boundary
             )
             index = pool.hy_origin[new.req_id] = mirror.tick()
-            pool.hy_feed.started(
+            feed.started(
                 index,
                 request.num_prompt_tokens,
                 hit,
