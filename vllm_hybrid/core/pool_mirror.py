@@ -62,6 +62,10 @@ Invariants (asserted by :meth:`check_integrity`):
    use) whose priority is not None has a heap item of its node's current version, or is dirty.
 7. In events mode ``_used`` holds exactly the pages in use; in callback mode it holds cached
    pages only, and every cached page outside it is free (checked when ``is_free`` is given).
+8. With a snapshot budget, once the engine has enforced it (:meth:`pick_snapshot_victims` at
+   every release): free state pages <= ``snapshot_budget_pages``, but for those of an entry
+   whose path is in use (``refs > 0``: no unit with a page in use goes, so nothing can take
+   them).
 """
 
 from __future__ import annotations
@@ -836,6 +840,7 @@ class PoolMirror:
         self._check_maps()
         self._check_trie()
         self._check_heap()
+        self._check_snapshot_budget()
         if is_free is not None:
             for page in self._page_keys:
                 if self._events or page not in self._used:
@@ -873,6 +878,19 @@ class PoolMirror:
         n_free = sum(p not in self._used for p in self._page_keys)
         assert self._n_free == n_free, f"inv 5: _n_free {self._n_free} != {n_free}"
         assert self._n_free_state == n_free_state, f"inv 5: _n_free_state {self._n_free_state}"
+
+    def _check_snapshot_budget(self) -> None:
+        budget = self.snapshot_budget_pages
+        if budget is None or self._n_free_state <= budget:
+            return
+        stuck = sum(
+            page not in self._used
+            and any(self._is_state[g] and self._entries[k].node.refs for k, g in held)
+            for page, held in self._page_keys.items()
+        )
+        assert self._n_free_state <= budget + stuck, (
+            f"inv 8: {self._n_free_state} free state pages > budget {budget} (+{stuck} in use)"
+        )
 
     def _check_trie(self) -> None:
         ref = self._reference_trie()
