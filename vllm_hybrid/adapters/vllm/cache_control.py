@@ -97,11 +97,16 @@ def exact_stops(scheduler: Any) -> bool:
     # The attention side gets its partial entries from us (CacheControl._add_kv_partials),
     # which is right only for append-only full-attention KV.
     others = [m for m in coordinator.single_type_managers if not isinstance(m, MambaManager)]
-    if not others or any(type(m).__name__ != "FullAttentionManager" for m in others):
+    if not others or not all(map(_is_full_attention, others)):
         return False
     for manager in managers:
         manager.shared_prefix_checkpoint = True
     return True
+
+
+def _is_full_attention(manager: Any) -> bool:
+    """vLLM's ``FullAttentionManager`` (by name: the append-only KV our partial entries suit)."""
+    return type(manager).__name__ == "FullAttentionManager"
 
 
 @dataclass
@@ -141,11 +146,9 @@ class CacheControl:
             self._stopping if self.stop_tokens < self.block_tokens else frozenset()
         )
         self._kv_partials: list[_KVPartial] = []  # sub-block KV entries to keep registered
-        self._kv_managers = [
-            m
-            for m in scheduler.kv_cache_manager.coordinator.single_type_managers
-            if type(m).__name__ == "FullAttentionManager"
-        ]
+        self._kv_managers = list(
+            filter(_is_full_attention, scheduler.kv_cache_manager.coordinator.single_type_managers)
+        )
         self.breakpoint_stops = 0  # breakpoints that moved a chunk end (metrics)
 
     # ------------------------------------------------------------------ lookup and stops
@@ -374,10 +377,6 @@ class _OutputMark:
     pages: list[tuple[Any, Any, Any]]  # (Mamba manager, block, its block_hash when kept)
 
 
-def _is_full_attention(manager: Any) -> bool:
-    return type(manager).__name__ == "FullAttentionManager"
-
-
 class OutputStates:
     """Keep the recurrent state at the end of each request's output where the policy says so
     (``core/policy.py::output_state_position``), so that the next turn of a conversation
@@ -401,10 +400,10 @@ class OutputStates:
 
     What this does:
 
-    * block boundaries (every ``U``): :meth:`cache_blocks` wraps the coordinator's
-      ``cache_blocks`` (on the instance). At the step that completes block ``k-1`` past the
-      prompt, it asks the policy whether the end of the output would be kept there; if so it
-      runs vLLM's ``KVCacheCoordinator.cache_blocks`` with ``k*B`` added to the replay
+    * block boundaries (every ``B``): :meth:`_cache_boundary`, behind a wrapper of the
+      coordinator's ``cache_blocks`` (on the instance). At the step that completes block ``k-1``
+      past the prompt, it asks the policy whether the end of the output would be kept there; if
+      so it runs vLLM's ``KVCacheCoordinator.cache_blocks`` with ``k*B`` added to the replay
       boundaries, so ``reachable_block_mask`` keeps that block's state as it keeps a prompt
       end's. The boundary kept before is dropped (it is no longer the end; unless a retention
       interval keeps it or another request holds it). At finish the last one stays: the
@@ -424,26 +423,25 @@ class OutputStates:
         from vllm.v1.core.single_type_kv_cache_manager import MambaManager
 
         manager = scheduler.kv_cache_manager
-        self.scheduler = scheduler
         self.policy = policy
         self.pool = manager.block_pool
         self.coordinator = manager.coordinator
         self.block_tokens = int(scheduler.cache_config.block_size)
         self.unit_tokens = int(self.pool.hash_block_size)
         managers = self.coordinator.single_type_managers
-        self.mamba = [(i, m) for i, m in enumerate(managers) if isinstance(m, MambaManager)]
-        self.kv = [(i, m) for i, m in enumerate(managers) if _is_full_attention(m)]
+        self.mamba = [m for m in managers if isinstance(m, MambaManager)]
+        self.kv = list(filter(_is_full_attention, managers))
         self.sub_block = sub_block and self.unit_tokens < self.block_tokens
         self.marks: dict[str, _OutputMark] = {}
         self.kept_boundaries = 0  # block-boundary output states kept (tentatively)
         self.kept_exact = 0  # sub-block end states registered at finish
         self.dropped = 0  # superseded boundary states dropped
         self._vllm_cache_blocks = vllm_cache_blocks = self.coordinator.cache_blocks
-        block, boundary = self.block_tokens, self.cache_blocks
+        block, boundary = self.block_tokens, self._cache_boundary
 
         def cache_blocks(request: Any, num_computed_tokens: int) -> None:
             # vLLM calls this for every scheduled request at every step: one test, then
-            # vLLM's own, except at a block boundary past the prompt (see cache_blocks)
+            # vLLM's own, except at a block boundary past the prompt (_cache_boundary)
             if num_computed_tokens % block or num_computed_tokens <= request.num_prompt_tokens:
                 vllm_cache_blocks(request, num_computed_tokens)
             else:
@@ -477,17 +475,11 @@ class OutputStates:
         return cls(scheduler, policy, sub_block)
 
     # ------------------------------------------------------------------ block boundaries
-    def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
-        """``KVCacheCoordinator.cache_blocks`` (``vllm/v1/core/kv_cache_coordinator.py``), with
-        the end-of-output boundary among the reachable boundaries when the policy keeps it."""
-        n = num_computed_tokens
-        if (
-            n % self.block_tokens
-            or n <= request.num_prompt_tokens
-            or request.num_computed_tokens >= n
-        ):
-            self._vllm_cache_blocks(request, n)  # the common case: one test per step
-        elif not self._keeps(request, n):
+    def _cache_boundary(self, request: Any, n: int) -> None:
+        """``KVCacheCoordinator.cache_blocks`` (``vllm/v1/core/kv_cache_coordinator.py``) at a
+        block boundary ``n`` past the prompt (the wrapper installed in ``__init__`` sends only
+        those here), with ``n`` among the reachable boundaries when the policy keeps it."""
+        if request.num_computed_tokens >= n or not self._keeps(request, n):
             self._vllm_cache_blocks(request, n)
         else:
             self._cache_blocks_with(request, n, n)
@@ -534,7 +526,7 @@ class OutputStates:
     def _mark(self, request: Any, tokens: int) -> None:
         index = tokens // self.block_tokens - 1
         pages = []
-        for _, manager in self.mamba:
+        for manager in self.mamba:
             blocks = manager.req_to_blocks.get(request.request_id) or ()
             if index < len(blocks) and not blocks[index].is_null:
                 block = blocks[index]
@@ -613,22 +605,12 @@ class OutputStates:
         b = self.block_tokens
         if end <= request.num_prompt_tokens or end % b == 0 or end % self.unit_tokens:
             return
-        from vllm_hybrid.core.policy import output_state_position
-
-        position = output_state_position(
-            self.policy,
-            request.num_prompt_tokens,
-            end,
-            b,
-            self.unit_tokens,
-            hit_tokens=max(int(getattr(request, "num_cached_tokens", 0) or 0), 0),
-        )
-        if position != end:
+        if not self._keeps(request, end):
             return
         index = (end - 1) // b  # the running state block, and the KV block holding end - 1
         pages = []
         for state, groups in ((True, self.mamba), (False, self.kv)):
-            for _, manager in groups:
+            for manager in groups:
                 blocks = manager.req_to_blocks.get(request.request_id) or ()
                 if index >= len(blocks) or blocks[index].is_null:
                     return
