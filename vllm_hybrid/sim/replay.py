@@ -33,6 +33,7 @@ one-request-at-a-time loop above, unchanged.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -153,9 +154,7 @@ class _Window:
     def admit(self, index: PrefixIndex, t: int) -> None:
         """Before request ``t``: release the request that leaves the window (its slot is
         ``t``'s) and forget the snapshots that became visible."""
-        while self.held and self.held[0][0] <= t - self.in_flight:
-            for h in self.held.popleft()[1]:
-                index.unlock(h)
+        self._release(index, t - self.in_flight)
         while self.snaps and self.snaps[0][0] <= t - self.visible_after:
             j, node = self.snaps.popleft()
             if self.snap_by.get(node) == j:
@@ -170,7 +169,11 @@ class _Window:
         self.extra = []
 
     def release_all(self, index: PrefixIndex) -> None:
-        while self.held:
+        self._release(index, math.inf)
+
+    def _release(self, index: PrefixIndex, last: float) -> None:
+        """Unlock what the requests up to index ``last`` hold."""
+        while self.held and self.held[0][0] <= last:
             for h in self.held.popleft()[1]:
                 index.unlock(h)
 
