@@ -9,9 +9,9 @@ vLLM 0.32 on CPU crashes on the first prefill of a Mamba2 hybrid with prefix cac
 2. ``store_prefill_checkpoint`` (``.../mamba/ops/ssd_checkpoint.py``) is a Triton kernel.
 
 ``patch_cpu_mamba2_prefix_caching`` replaces exactly those two functions with our C++ ops
-(``vllm_hybrid.ops``), and installs ``patch_kv_cache_block_copies`` (below): vLLM's worker-side
-copy of partial-hit copy-on-write blocks misses most of an attention block when a Mamba layer's
-state view aliases it and is listed first (Nemotron-H: layer 0 is Mamba).
+(``vllm_hybrid.ops``). The fix of vLLM's partial-hit block copy, once here, is not CPU-specific
+and lives in ``kv_copy.py`` (installed on every platform by ``plugin.register``); its names are
+still reachable from this module for older callers.
 
 The scan replacement is used for every CPU prefill, cached or not, so that a run with caching
 and a run without it execute the same arithmetic: our scan is a sequential fp32 recurrence, and
@@ -25,6 +25,11 @@ from typing import Any
 
 import torch
 
+from vllm_hybrid.adapters.vllm import kv_copy
+from vllm_hybrid.adapters.vllm.kv_copy import (  # noqa: F401  (moved; kept reachable here)
+    copy_kv_cache_blocks_every_view,
+    patch_kv_cache_block_copies,
+)
 from vllm_hybrid.adapters.vllm.version import check_vllm_version
 from vllm_hybrid.ops import extension_available, prepare_dt, ssd_chunk_scan
 from vllm_hybrid.ops import store_prefill_checkpoint as _store_op
@@ -32,9 +37,6 @@ from vllm_hybrid.ops import store_prefill_checkpoint as _store_op
 logger = logging.getLogger("vllm_hybrid")
 
 _PATCHED = False
-_COPIES_PATCHED = False
-#: vLLM's own ``copy_kv_cache_blocks_inplace``, kept once replaced (tests check it still errs).
-VLLM_KV_CACHE_BLOCK_COPY: Any = None
 
 
 def mamba_chunk_scan_combined_fwd_cpu(
@@ -121,80 +123,6 @@ def store_prefill_checkpoint_cpu(
     )
 
 
-def copy_kv_cache_blocks_every_view(
-    kv_caches: Any, num_blocks: int, kv_cache_block_copies: Any
-) -> None:
-    """Copy scheduler blocks ``src -> dst`` in every distinct KV cache view (our replacement of
-    ``copy_kv_cache_blocks_inplace``, vllm/v1/worker/utils.py, vLLM 0.32.0).
-
-    vLLM's version copies a view once per ``data_ptr``. In a hybrid model the layers of
-    different KV cache groups share one allocation, so a Mamba layer's state view (an int8 view
-    of only the unpadded state bytes of each page) and an attention layer's KV view (the whole
-    page) start at the same address; whichever comes first in ``kv_caches`` is the only one
-    copied. When it is the Mamba view, a partial prefix hit's copy-on-write of an attention block
-    copies only the first ``MambaSpec.real_page_size_bytes`` of it and the request attends to a
-    mostly zeroed prefix (greedy outputs differ from caching off). Here a view is skipped only
-    when it is the very same view (address, dtype, shape and strides) as one already copied.
-    All sources are read before any destination is written, as in one indexed copy, so
-    overlapping views cannot see each other's writes.
-    """
-    if not kv_cache_block_copies:
-        return
-    pairs = torch.tensor([(int(c[0]), int(c[1])) for c in kv_cache_block_copies], dtype=torch.long)
-    done: set[tuple[Any, ...]] = set()
-    pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-    for cache in kv_caches:
-        if not isinstance(cache, torch.Tensor) or cache.numel() == 0:
-            continue
-        key = (cache.device, cache.data_ptr(), cache.dtype, tuple(cache.shape), cache.stride())
-        if key in done:
-            continue
-        done.add(key)
-        per_block, rest = divmod(cache.shape[0], num_blocks)
-        if rest:
-            raise ValueError(
-                f"a KV cache view of {cache.shape[0]} kernel blocks does not divide into "
-                f"{num_blocks} scheduler blocks"
-            )
-        blocks = cache.view(num_blocks, per_block, *cache.shape[1:])  # splits dim 0 only
-        idx = pairs.to(cache.device)
-        pending.append((blocks, idx[:, 1], blocks[idx[:, 0]]))  # advanced indexing: a copy
-    for blocks, dst, values in pending:
-        blocks[dst] = values
-
-
-def patch_kv_cache_block_copies() -> bool:
-    """Make the worker copy partial-hit CoW blocks through every KV cache view; idempotent.
-
-    vLLM 0.32.0 calls ``copy_kv_cache_blocks_inplace`` (vllm/v1/worker/utils.py) from
-    ``GPUModelRunner._update_states`` (vllm/v1/worker/gpu_model_runner.py, which the CPU runner
-    inherits), bound there by name at import: the name is replaced in ``utils`` (modules that
-    import it later get ours) and in any already imported runner module. Only on the pinned
-    vLLM release; True when active.
-    """
-    global _COPIES_PATCHED, VLLM_KV_CACHE_BLOCK_COPY
-    if _COPIES_PATCHED:
-        return True
-    if not check_vllm_version("the partial-prefix-hit KV block copy fix"):
-        return False
-    import sys
-
-    import vllm.v1.worker.utils as worker_utils
-
-    VLLM_KV_CACHE_BLOCK_COPY = worker_utils.copy_kv_cache_blocks_inplace
-    worker_utils.copy_kv_cache_blocks_inplace = copy_kv_cache_blocks_every_view
-    for name in ("vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.model_runner"):
-        module = sys.modules.get(name)
-        if module is not None and hasattr(module, "copy_kv_cache_blocks_inplace"):
-            module.copy_kv_cache_blocks_inplace = copy_kv_cache_blocks_every_view  # type: ignore[attr-defined]
-    _COPIES_PATCHED = True
-    logger.info(
-        "vllm-hybrid: partial prefix hits copy their copy-on-write blocks through every KV "
-        "cache view (vLLM 0.32.0's copy skips an attention view aliased by a Mamba one)"
-    )
-    return True
-
-
 def patch_cpu_mamba2_prefix_caching() -> bool:
     """Install the two CPU functions into vLLM 0.32.0; idempotent. True when active."""
     global _PATCHED
@@ -202,7 +130,6 @@ def patch_cpu_mamba2_prefix_caching() -> bool:
         return True
     if not check_vllm_version("CPU prefix caching for Mamba2 hybrids"):
         return False
-    patch_kv_cache_block_copies()
     if not extension_available():
         logger.warning(
             "vllm-hybrid: compiled ops missing, Mamba2 prefix caching on CPU stays broken; "
@@ -219,3 +146,10 @@ def patch_cpu_mamba2_prefix_caching() -> bool:
     _PATCHED = True
     logger.info("vllm-hybrid: CPU SSD scan with chunk states and prefill checkpoints active")
     return True
+
+
+def __getattr__(name: str) -> Any:
+    """``VLLM_KV_CACHE_BLOCK_COPY`` moved to ``kv_copy`` (set there when the patch runs)."""
+    if name == "VLLM_KV_CACHE_BLOCK_COPY":
+        return kv_copy.VLLM_KV_CACHE_BLOCK_COPY
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

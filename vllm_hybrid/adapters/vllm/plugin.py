@@ -33,6 +33,9 @@ def register() -> None:
     carry_hybrid_stats()
     from vllm.platforms import current_platform
 
+    from vllm_hybrid.adapters.vllm.kv_copy import patch_kv_cache_block_copies
+
+    patch_kv_cache_block_copies()  # device-agnostic: every platform (docs/serving.md)
     if current_platform.is_cpu():
         from vllm_hybrid.adapters.vllm.cpu_mamba2 import patch_cpu_mamba2_prefix_caching
 

@@ -1,0 +1,141 @@
+"""The worker's copy of copy-on-write KV blocks, through every KV cache view (every platform).
+
+A partial prefix hit (a hit inside a block) makes the scheduler copy that attention block into
+a private one before the request appends to it (``KVCacheBlockCopy`` pairs). vLLM 0.32.0's
+worker applies them with ``copy_kv_cache_blocks_inplace`` (vllm/v1/worker/utils.py), called
+from ``GPUModelRunner._update_states`` (vllm/v1/worker/gpu_model_runner.py; the CPU runner
+inherits it) and from the v2 runner (vllm/v1/worker/gpu/model_runner.py). It visits each view
+once per ``data_ptr``. Both runners get their views from the same device-agnostic allocator
+(``allocate_kv_cache``, vllm/v1/worker/utils.py): one backing buffer, one logical
+``[blocks, H, N, C]`` view per layer, KV cache groups overlaid from byte 0, so layer ``i`` of
+every group starts at the same address. With a layer-outermost layout (``LB*``, the default
+on CPU and with FlashAttention/FlashInfer on GPU) the backing buffer is larger than
+``num_blocks`` pages, so vLLM copies through the views; on Nemotron-H (layer 0 is Mamba) the
+first view at an address is a Mamba state view (only ``MambaSpec.real_page_size_bytes`` of
+each page) and the attention view behind it is skipped: the copied attention block stays
+mostly zeros and greedy outputs differ from caching off. With a block-outermost layout
+(``BL*``/``BH*``) the buffer is exactly ``num_blocks`` packed blocks and vLLM copies whole
+blocks of it, which is correct.
+
+``copy_kv_cache_blocks_every_view`` does what vLLM's function does, with one difference: a
+view is skipped only when it is the very same view (device, address, dtype, shape and strides)
+as one already copied. ``patch_kv_cache_block_copies`` installs it on the pinned vLLM release,
+on every platform (``plugin.register``). It has run on CPU only; see docs/serving.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from vllm_hybrid.adapters.vllm.version import check_vllm_version
+
+logger = logging.getLogger("vllm_hybrid")
+
+_PATCHED = False
+#: vLLM's own ``copy_kv_cache_blocks_inplace``, kept once replaced (tests check it still errs).
+VLLM_KV_CACHE_BLOCK_COPY: Any = None
+#: Runner modules that bind ``copy_kv_cache_blocks_inplace`` by name at import.
+RUNNER_MODULES = ("vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.model_runner")
+
+
+def copy_kv_cache_blocks_every_view(
+    kv_caches: Iterable[torch.Tensor], num_blocks: int, kv_cache_block_copies: Sequence[Any]
+) -> None:
+    """Copy scheduler blocks ``src -> dst`` in every distinct KV cache view; drop-in for
+    ``copy_kv_cache_blocks_inplace`` (vllm/v1/worker/utils.py, vLLM 0.32.0), same signature.
+
+    As in vLLM: dim 0 of a view counts kernel blocks, a whole number per scheduler block (the
+    runners' views are ``allocate_kv_cache``'s logical ``[B, H, N, C]`` views, blocks first on
+    every layout and backend); a view whose backing storage is exactly ``num_blocks`` of its
+    scheduler blocks is copied as whole storage rows, once per storage. Unlike vLLM, any other
+    view is copied unless the very same view was (so a Mamba view no longer hides the
+    attention view at its address). When a destination is also a source, every source is
+    read before any destination is written, so views aliasing the same bytes cannot see each
+    other's writes; otherwise each view is copied in turn, holding one view's sources at a
+    time, as vLLM does.
+    """
+    if not kv_cache_block_copies:
+        return
+    pairs = [(int(copy[0]), int(copy[1])) for copy in kv_cache_block_copies]
+    staged = not {src for src, _ in pairs}.isdisjoint(dst for _, dst in pairs)
+    index_cpu = torch.tensor(pairs, dtype=torch.long)
+    index_on: dict[torch.device, torch.Tensor] = {}
+    seen: set[tuple[Any, ...]] = set()
+    pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    for cache in kv_caches:
+        if not isinstance(cache, torch.Tensor) or cache.numel() == 0:
+            continue
+        blocks = _scheduler_blocks(cache, num_blocks, seen)
+        if blocks is None:
+            continue
+        index = index_on.get(cache.device)
+        if index is None:
+            index = index_on[cache.device] = index_cpu.to(cache.device)
+        src, dst = index[:, 0], index[:, 1]
+        if staged:
+            pending.append((blocks, dst, blocks[src]))  # advanced indexing: a copy
+        else:
+            blocks[dst] = blocks[src]
+    for blocks, dst, values in pending:
+        blocks[dst] = values
+
+
+def _scheduler_blocks(
+    cache: torch.Tensor, num_blocks: int, seen: set[tuple[Any, ...]]
+) -> torch.Tensor | None:
+    """``cache`` with dim 0 counting scheduler blocks, or None when its bytes were already
+    taken (the same storage copied whole, or the same view)."""
+    per_block, rest = divmod(cache.shape[0], num_blocks)
+    if rest:
+        raise ValueError(
+            f"a KV cache view of {cache.shape[0]} kernel blocks does not divide into "
+            f"{num_blocks} scheduler blocks"
+        )
+    storage = cache.untyped_storage()
+    block_bytes = cache.stride(0) * cache.element_size() * per_block
+    if storage.nbytes() == num_blocks * block_bytes:  # vLLM's whole-storage branch
+        key: tuple[Any, ...] = ("storage", cache.device, storage.data_ptr())
+        if key in seen:
+            return None
+        seen.add(key)
+        rows = torch.empty(0, dtype=torch.uint8, device=cache.device)
+        rows.set_(storage)
+        return rows.view(num_blocks, -1)
+    key = ("view", cache.device, cache.data_ptr(), cache.dtype, cache.shape, cache.stride())
+    if key in seen:
+        return None
+    seen.add(key)
+    return cache.view(num_blocks, per_block, *cache.shape[1:])  # splits dim 0 only
+
+
+def patch_kv_cache_block_copies() -> bool:
+    """Make the worker copy partial-hit CoW blocks through every KV cache view; idempotent.
+
+    Replaces ``copy_kv_cache_blocks_inplace`` in ``vllm.v1.worker.utils`` (runner modules
+    imported later bind ours) and in any runner module already imported. Only on the pinned
+    vLLM release; True when active. Device-agnostic: installed on every platform.
+    """
+    global _PATCHED, VLLM_KV_CACHE_BLOCK_COPY
+    if _PATCHED:
+        return True
+    if not check_vllm_version("the partial-prefix-hit KV block copy fix"):
+        return False
+    import vllm.v1.worker.utils as worker_utils
+
+    VLLM_KV_CACHE_BLOCK_COPY = worker_utils.copy_kv_cache_blocks_inplace
+    worker_utils.copy_kv_cache_blocks_inplace = copy_kv_cache_blocks_every_view
+    for name in RUNNER_MODULES:
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, "copy_kv_cache_blocks_inplace"):
+            module.copy_kv_cache_blocks_inplace = copy_kv_cache_blocks_every_view  # type: ignore[attr-defined]
+    _PATCHED = True
+    logger.info(
+        "vllm-hybrid: partial prefix hits copy their copy-on-write blocks through every KV "
+        "cache view (vLLM 0.32.0's copy skips an attention view aliased by a Mamba one)"
+    )
+    return True
