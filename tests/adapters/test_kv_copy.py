@@ -184,12 +184,12 @@ def test_plugin_installs_the_copy_fix_off_cpu(monkeypatch):
     """``register`` installs the copy on every platform, the CPU ops only on CPU."""
     from vllm.platforms import current_platform
 
+    from vllm_hybrid.adapters.vllm import cpu_mamba2
+
     calls = []
     monkeypatch.delenv(plugin.ENV_ENABLE, raising=False)
     monkeypatch.setattr(current_platform, "is_cpu", lambda: False)
     monkeypatch.setattr(kv_copy, "patch_kv_cache_block_copies", lambda: calls.append("copy"))
-    from vllm_hybrid.adapters.vllm import cpu_mamba2
-
     monkeypatch.setattr(cpu_mamba2, "patch_cpu_mamba2_prefix_caching", lambda: calls.append("cpu"))
     monkeypatch.setattr(plugin, "select_hybrid_scheduler", lambda: None)
     monkeypatch.setattr(plugin, "select_host_tier_connector", lambda: None)
@@ -197,16 +197,13 @@ def test_plugin_installs_the_copy_fix_off_cpu(monkeypatch):
     assert calls == ["copy"]
 
 
-def test_patch_replaces_the_runner_copy_and_stays_reachable_from_cpu_mamba2():
+def test_patch_replaces_the_runner_copy():
     import vllm.v1.worker.gpu_model_runner as gpu_model_runner
     import vllm.v1.worker.utils as worker_utils
-
-    from vllm_hybrid.adapters.vllm import cpu_mamba2
 
     assert kv_copy.patch_kv_cache_block_copies()
     assert kv_copy.patch_kv_cache_block_copies()
     ours = kv_copy.copy_kv_cache_blocks_every_view
     assert worker_utils.copy_kv_cache_blocks_inplace is ours
     assert gpu_model_runner.copy_kv_cache_blocks_inplace is ours
-    assert cpu_mamba2.copy_kv_cache_blocks_every_view is ours
-    assert cpu_mamba2.VLLM_KV_CACHE_BLOCK_COPY is kv_copy.VLLM_KV_CACHE_BLOCK_COPY is not None
+    assert kv_copy.VLLM_KV_CACHE_BLOCK_COPY is not None

@@ -8,7 +8,7 @@ vllm/v1/worker/utils.py) copies each KV cache allocation through the first view 
 address; on Nemotron-H (layer 0 is Mamba) that is a Mamba state view covering only the first
 37,376 of the page's 131,072 bytes, so most of the copied attention block stayed zero and the
 outputs changed. Zamba2 lists its attention layers first and was not affected. The plugin
-replaces the copy (``cpu_mamba2.patch_kv_cache_block_copies``); these tests pin that down.
+replaces the copy (``kv_copy.patch_kv_cache_block_copies``); these tests pin that down.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from tests.engine.conftest import engine, vllm
-from vllm_hybrid.adapters.vllm import cpu_mamba2, version
+from vllm_hybrid.adapters.vllm import kv_copy, version
 from vllm_hybrid.testing.fixtures import tiny_model_dir
 
 SETTINGS = {
@@ -47,7 +47,7 @@ def test_copy_reaches_an_attention_view_behind_a_narrower_one():
 
     views = aliased_views()
     kv, before = views[1], views[1].clone()
-    cpu_mamba2.copy_kv_cache_blocks_every_view(
+    kv_copy.copy_kv_cache_blocks_every_view(
         views, 8, [KVCacheBlockCopy(3, 6), KVCacheBlockCopy(1, 2)]
     )
     assert torch.equal(kv[6], before[3]) and torch.equal(kv[2], before[1])
@@ -59,7 +59,7 @@ def test_copy_reads_every_source_before_writing():
     """A destination that is also a source is read before it is written (one indexed copy)."""
     views = aliased_views()
     kv, before = views[1], views[1].clone()
-    cpu_mamba2.copy_kv_cache_blocks_every_view(views, 8, [(3, 4), (4, 5)])
+    kv_copy.copy_kv_cache_blocks_every_view(views, 8, [(3, 4), (4, 5)])
     assert torch.equal(kv[4], before[3]) and torch.equal(kv[5], before[4])
 
 
@@ -70,8 +70,8 @@ def test_vllm_copy_still_skips_the_aliased_view():
     from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
     from vllm.v1.worker import utils as worker_utils
 
-    copy = cpu_mamba2.VLLM_KV_CACHE_BLOCK_COPY or worker_utils.copy_kv_cache_blocks_inplace
-    assert copy is not cpu_mamba2.copy_kv_cache_blocks_every_view
+    copy = kv_copy.VLLM_KV_CACHE_BLOCK_COPY or worker_utils.copy_kv_cache_blocks_inplace
+    assert copy is not kv_copy.copy_kv_cache_blocks_every_view
     views = aliased_views()
     kv, before = views[1], views[1].clone()
     copy(views, 8, [KVCacheBlockCopy(3, 6)])
@@ -82,9 +82,9 @@ def test_patch_replaces_the_runner_copy():
     import vllm.v1.worker.gpu_model_runner as gpu_model_runner
     import vllm.v1.worker.utils as worker_utils
 
-    assert cpu_mamba2.patch_kv_cache_block_copies()
-    assert cpu_mamba2.patch_kv_cache_block_copies()
-    ours = cpu_mamba2.copy_kv_cache_blocks_every_view
+    assert kv_copy.patch_kv_cache_block_copies()
+    assert kv_copy.patch_kv_cache_block_copies()
+    ours = kv_copy.copy_kv_cache_blocks_every_view
     assert worker_utils.copy_kv_cache_blocks_inplace is ours
     assert gpu_model_runner.copy_kv_cache_blocks_inplace is ours
 

@@ -9,9 +9,8 @@ vLLM 0.32 on CPU crashes on the first prefill of a Mamba2 hybrid with prefix cac
 2. ``store_prefill_checkpoint`` (``.../mamba/ops/ssd_checkpoint.py``) is a Triton kernel.
 
 ``patch_cpu_mamba2_prefix_caching`` replaces exactly those two functions with our C++ ops
-(``vllm_hybrid.ops``). The fix of vLLM's partial-hit block copy, once here, is not CPU-specific
-and lives in ``kv_copy.py`` (installed on every platform by ``plugin.register``); its names are
-still reachable from this module for older callers.
+(``vllm_hybrid.ops``). The fix of vLLM's partial-hit block copy is not CPU-specific and lives in
+``kv_copy.py`` (installed on every platform by ``plugin.register``).
 
 The scan replacement is used for every CPU prefill, cached or not, so that a run with caching
 and a run without it execute the same arithmetic: our scan is a sequential fp32 recurrence, and
@@ -25,11 +24,6 @@ from typing import Any
 
 import torch
 
-from vllm_hybrid.adapters.vllm import kv_copy
-from vllm_hybrid.adapters.vllm.kv_copy import (  # noqa: F401  (moved; kept reachable here)
-    copy_kv_cache_blocks_every_view,
-    patch_kv_cache_block_copies,
-)
 from vllm_hybrid.adapters.vllm.version import check_vllm_version
 from vllm_hybrid.ops import extension_available, prepare_dt, ssd_chunk_scan
 from vllm_hybrid.ops import store_prefill_checkpoint as _store_op
@@ -146,10 +140,3 @@ def patch_cpu_mamba2_prefix_caching() -> bool:
     _PATCHED = True
     logger.info("vllm-hybrid: CPU SSD scan with chunk states and prefill checkpoints active")
     return True
-
-
-def __getattr__(name: str) -> Any:
-    """``VLLM_KV_CACHE_BLOCK_COPY`` moved to ``kv_copy`` (set there when the patch runs)."""
-    if name == "VLLM_KV_CACHE_BLOCK_COPY":
-        return kv_copy.VLLM_KV_CACHE_BLOCK_COPY
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
