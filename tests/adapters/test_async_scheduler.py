@@ -176,3 +176,16 @@ def test_async_reset_prefix_cache_with_running_requests(model_dir: Path, kind: s
     loop = run(model_dir, MIXED, kind, num_blocks=40, resets=frozenset({8, 9, 20, 33, 50}))
     assert loop.resets == 5 and loop.preemptions >= 10
     assert exercised(loop, MIXED)["hits"] >= 5
+
+
+@pytest.mark.parametrize("policy", ["flop", "vllm"])
+def test_hybrid_async_cache_control(model_dir: Path, policy: str) -> None:
+    """Per-request cache control under async scheduling: breakpoints (chunks end at them),
+    pins taken at finish and holding blocks while the pool is under pressure, reports; with
+    a reset of running requests in the middle."""
+    specs = make_workload(1, 40, block_tokens=BLOCK, mamba_groups=2, cache_options=True)
+    assert sum(bool(s.extra_args) for s in specs) >= 10
+    loop = run(model_dir, specs, "hybrid", policy=policy, num_blocks=40, resets=frozenset({30}))
+    totals = loop.sched.hy_control.totals()
+    assert totals["breakpoint_stops"] > 0 and totals["pins_taken"] > 0, totals
+    assert loop.preemptions >= 10 and exercised(loop, specs)["hits"] >= 5

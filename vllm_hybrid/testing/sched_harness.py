@@ -317,11 +317,12 @@ class FakeWorker:
             elif new_ids is not None:
                 for ids, more in zip(state.block_ids, new_ids, strict=True):
                     ids.extend(more)
-            if req_id not in self.batch:
-                if num_output > 0:  # the async-scheduling recovery in _update_states
-                    state.set_outputs(cached.all_token_ids[req_id][-num_output:])
-            elif num_output < len(state.tokens) - state.num_prompt:
+            if num_output < len(state.tokens) - state.num_prompt:
+                # outputs the scheduler dropped (e.g. a reset's stale output): cut the state
                 state.set_outputs(state.tokens[state.num_prompt : state.num_prompt + num_output])
+            if req_id not in self.batch and num_output > 0:
+                # the async-scheduling recovery: the CPU state holds -1 for sampled tokens
+                state.set_outputs(cached.all_token_ids[req_id][-num_output:])
         # _prepare_input_ids: a request of the last step takes its sampled token from the
         # device; one that left the batch has only the -1 (until all_token_ids recovers it)
         for req_id in out.num_scheduled_tokens:
@@ -429,6 +430,8 @@ class Spec:
     arrival_step: int
     cache_salt: str | None = None
     abort_after: int | None = None  # abort once the client has this many output tokens
+    #: ``SamplingParams.extra_args`` (cache breakpoints, pins, reports: ``cache_control.py``)
+    extra_args: dict[str, Any] | None = None
 
 
 def make_workload(
@@ -439,12 +442,15 @@ def make_workload(
     prefixes: int = 3,
     mamba_groups: int = 2,
     salts: tuple[str, ...] = ("salt-a", "salt-b"),
+    cache_options: bool = False,
 ) -> list[Spec]:
     """``n`` requests, 0-2 arriving per step: shared prefixes of 2-3 blocks with unique tails
     (prefix hits), some repeated prompts (whole-prompt hits), some next turns of earlier
     requests (their prompt + expected answer + more: hits on end-of-output states), a quarter
-    salted, a sixth aborted after 0-3 output tokens."""
+    salted, a sixth aborted after 0-3 output tokens; with ``cache_options``, 40% ask for a
+    cache report, most of those with breakpoints, some with a pin (``cache_control.py``)."""
     rng = random.Random(seed)
+    options = random.Random(seed + 1_000_003)  # its own stream: the rest stays as without
     bases = [
         [rng.randrange(10, 30000) for _ in range(rng.randint(2, 3) * block_tokens)]
         for _ in range(prefixes)
@@ -465,7 +471,16 @@ def make_workload(
             prompt = rng.choice(bases) + tail
         salt = rng.choice(salts) if salts and rng.random() < 0.25 else None
         abort = rng.randint(0, 3) if rng.random() < 0.17 else None
-        specs.append(Spec(f"r{i}", prompt, rng.randint(2, 24), step, salt, abort))
+        extra: dict[str, Any] | None = None
+        if cache_options and options.random() < 0.4:
+            extra = {"cache_report": True}
+            if options.random() < 0.7:  # breakpoints inside the prompt (also past its end)
+                extra["cache_breakpoints"] = sorted(
+                    {options.randint(1, len(prompt) + 8) for _ in range(options.randint(1, 3))}
+                )
+            if options.random() < 0.4:
+                extra["cache_pin_ttl_s"] = options.choice((0.0, 60.0))
+        specs.append(Spec(f"r{i}", prompt, rng.randint(2, 24), step, salt, abort, extra))
         step += rng.choice((0, 1, 1, 2))
     return specs
 
@@ -539,7 +554,12 @@ class EngineLoop:
         from vllm.sampling_params import SamplingParams
         from vllm.v1.request import Request
 
-        params = SamplingParams(max_tokens=spec.max_tokens, ignore_eos=True, temperature=0.0)
+        params = SamplingParams(
+            max_tokens=spec.max_tokens,
+            ignore_eos=True,
+            temperature=0.0,
+            extra_args=dict(spec.extra_args) if spec.extra_args else None,
+        )
         self.outputs[spec.req_id] = []
         self.sched.add_request(
             Request(
