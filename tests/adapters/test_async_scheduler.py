@@ -7,11 +7,13 @@ backend forces ``async_scheduling=False``, so no engine here ever runs these cla
 Scenarios: shared prefixes, repeated prompts and next turns (prefix hits, end-of-output
 states), a pool small enough to evict and preempt, aborts between steps and at
 ``_process_aborts_queue``, ``cache_salt``, chunked prefill (``max_num_batched_tokens`` 48 below
-most prompts), ``reset_prefix_cache`` with running requests. Oracles: every output equals the
-fake model's expected sequence (so stock == ours == prefix caching off); the hybrid pool's
-integrity after every ``schedule``, ``update_from_output``, abort and reset; every hit's blocks
-hold the request's block hashes; no block a step uses is free in the pool, none written by two
-requests of a step, no ``ref_cnt`` below 0.
+most prompts), ``reset_prefix_cache`` with running requests, breakpoints and pins, sub-block
+hits (``prefix_match_unit`` 1 and 4, with copy-on-write block copies).
+
+Oracles: every output equals the fake model's expected sequence (so stock == ours == prefix
+caching off); the hybrid pool's integrity after every ``schedule``, ``update_from_output``,
+abort and reset; every hit's blocks hold the request's block hashes; no block a step uses is
+free in the pool, none written by two requests of a step, no ``ref_cnt`` below 0.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ def run(
     mamba_groups: int = 2,
     policy: str = "flop",
     resets: frozenset[int] = frozenset(),
+    prefix_match_unit: int | None = None,
 ) -> EngineLoop:
     sched, hasher = build_scheduler(
         kind,
@@ -71,6 +74,7 @@ def run(
         mamba_groups=mamba_groups,
         max_batched_tokens=BATCHED,
         policy=policy,
+        prefix_match_unit=prefix_match_unit,
     )
     assert sched.vllm_config.max_concurrent_batches == 2  # the async batch queue depth
     loop = run_workload(EngineLoop(sched, hasher), specs, resets=resets)
@@ -189,3 +193,16 @@ def test_hybrid_async_cache_control(model_dir: Path, policy: str) -> None:
     totals = loop.sched.hy_control.totals()
     assert totals["breakpoint_stops"] > 0 and totals["pins_taken"] > 0, totals
     assert loop.preemptions >= 10 and exercised(loop, specs)["hits"] >= 5
+
+
+@pytest.mark.parametrize("kind", ["stock", "hybrid"])
+@pytest.mark.parametrize("unit", [1, 4])
+def test_async_sub_block_hits(model_dir: Path, kind: str, unit: int) -> None:
+    """``prefix_match_unit`` below the block: hits end inside a block, the shared tail block is
+    copied (``kv_cache_block_copies``, applied by the fake worker before the step) and the
+    Mamba state at the exact hit position is read; with cache control and a reset."""
+    specs = make_workload(0, 40, block_tokens=BLOCK, mamba_groups=2, cache_options=True)
+    loop = run(model_dir, specs, kind, prefix_match_unit=unit, resets=frozenset({30}))
+    assert loop.sched.kv_cache_manager.block_pool.hash_block_size == unit
+    assert loop.worker.copies > 0
+    assert sum(h.tokens % BLOCK != 0 for h in loop.hits) >= 3, loop.hits

@@ -167,6 +167,7 @@ def build_scheduler(
     max_batched_tokens: int = 48,
     policy: str = "flop",
     debug: bool = True,
+    prefix_match_unit: int | None = None,
 ) -> tuple[Any, Callable[[Any], Any]]:
     """(scheduler, block hasher). ``kind``: ``stock`` (vLLM's ``AsyncScheduler``) or
     ``hybrid`` (``HybridAsyncScheduler`` with ``policy``, debug checks on)."""
@@ -191,6 +192,8 @@ def build_scheduler(
         max_batched_tokens=max_batched_tokens,
         hybrid=hybrid,
     )
+    if prefix_match_unit is not None:  # sub-block hits (hash blocks below the block)
+        config.cache_config.prefix_match_unit = prefix_match_unit
     kv_config = build_kv_cache_config(block_tokens, num_blocks, mamba_groups)
     block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_config, config)
     kv_config.hash_block_size = hash_block_size
@@ -249,6 +252,7 @@ class FakeWorker:
         self.prev_sampled: dict[str, int] = {}
         self.mem: dict[int, tuple[str, Any]] = {}
         self.steps = 0
+        self.copies = 0  # kv_cache_block_copies applied
 
     # what the model reads / writes
     def _read_attention(self, block_id: int, slot: int, group: int) -> int:
@@ -287,6 +291,7 @@ class FakeWorker:
         for block_id in out.new_block_ids_to_zero or ():
             self.mem.pop(block_id, None)
         for src, dst in out.kv_cache_block_copies or ():
+            self.copies += 1
             content = self.mem.get(src)
             if content is None:
                 self.mem.pop(dst, None)
