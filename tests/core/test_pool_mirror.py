@@ -187,10 +187,13 @@ OPS = st.lists(
 
 
 @settings(max_examples=150, deadline=None)
-@given(OPS, st.sampled_from(sorted(POLICIES)))
-def test_random_operations_keep_invariants(ops: list, policy: str) -> None:
+@given(OPS, st.sampled_from(sorted(POLICIES)), st.lists(st.text("abc", max_size=4), max_size=3))
+def test_random_operations_keep_invariants(ops: list, policy: str, waiting: list) -> None:
+    """Invariants after every operation; with all pages free, an eviction frees what was
+    asked, whatever waiting requests would hit (the lookahead changes the order only)."""
     mirror = make(policy)
     pool = Pool(mirror)
+    mirror.lookahead = lambda: paths(*waiting)
     for op, chain, x in ops:
         mirror.tick()
         cached = mirror.cached_pages()
@@ -228,6 +231,72 @@ def test_optional_on_evicted_hook_is_called_before_the_unit_goes() -> None:
     pool.cache("a", snap_at={1})
     pool.evict(3)
     assert seen and all(has for _, _, has in seen)
+
+
+# ---------------------------------------------------------------- lookahead (waiting requests)
+def paths(*chains: str) -> list[list[str]]:
+    """Key paths as the engine gives them: one key per full block, from the first block."""
+    return [[c[:i] for i in range(1, len(c) + 1)] for c in chains]
+
+
+def test_wanted_keys_are_the_path_down_to_its_deepest_snapshot() -> None:
+    mirror = make("vllm")
+    pool = Pool(mirror)
+    pool.cache("abcd", snap_at={1, 3})
+    pool.cache("xy")  # KV only: nothing to resume from
+    assert mirror.wanted_keys(paths("abcd")) == {"a", "ab", "abc"}
+    assert mirror.wanted_keys(paths("abz")) == {"a"}  # diverges after its snapshot at "a"
+    assert mirror.wanted_keys(paths("xy", "q")) == set()
+    pool.evict(0)
+    mirror.drop_page(0)  # "a" loses its KV page: nothing below it is live
+    assert mirror.wanted_keys(paths("abcd")) == set()
+
+
+@pytest.mark.parametrize("lookahead", [False, True])
+def test_what_a_waiting_request_would_hit_goes_last(lookahead: bool) -> None:
+    """LRU would take the older chain first; a waiting request that would resume from it
+    keeps it, and the newer chain goes instead. Without the lookahead, the old order."""
+    mirror = make("vllm")
+    pool = Pool(mirror)
+    old = pool.cache("ab", snap_at={2})
+    mirror.tick()
+    new = pool.cache("cd", snap_at={2})
+    if lookahead:
+        mirror.lookahead = lambda: paths("abz")
+    victims = set(pool.evict(1))
+    went, kept = (new, old) if lookahead else (old, new)
+    assert victims & set(went.values()) and not victims & set(kept.values())
+    assert (mirror.stats.wanted_units > 0) == lookahead
+
+
+def test_a_running_requests_state_a_waiting_request_needs_stays() -> None:
+    """The engine's case: a request still running holds its KV, its prompt-end state is free
+    (vLLM frees the state block during decode); another request waits for that prefix."""
+    mirror = make("vllm")
+    pool = Pool(mirror)
+    running = pool.cache("ab", snap_at={2})
+    pool.in_use.update([running["a", KV], running["ab", KV]])
+    mirror.tick()
+    other = pool.cache("x", snap_at={1})
+    mirror.lookahead = lambda: paths("abc")
+    victims = pool.evict(1)
+    assert sorted(victims) == sorted(other.values())
+    assert mirror.keys_of(running["ab", S1]) == {("ab", S1)}
+
+
+def test_the_lookahead_never_frees_fewer_pages() -> None:
+    """Everything is wanted: the units go anyway, lowest first, as many as without it."""
+    mirror = make("vllm")
+    pool = Pool(mirror)
+    old = pool.cache("ab", snap_at={2})
+    mirror.tick()
+    new = pool.cache("cd", snap_at={2})
+    mirror.lookahead = lambda: paths("ab", "cd")
+    victims = pool.evict(1)
+    assert set(victims) <= set(old.values())  # LRU order among the wanted units
+    assert mirror.stats.wanted_taken >= 1
+    rest = pool.evict(100)
+    assert sorted(victims + rest) == sorted([*old.values(), *new.values()])
 
 
 # ---------------------------------------------------------------- incremental vs from scratch
@@ -574,3 +643,14 @@ def test_snapshot_budget_holds_after_every_release(ops: list, policy: str, budge
         for page in victims:
             mirror.drop_page(page)
         mirror.check_integrity(pool.is_free)  # inv 8: the budget, but for paths in use
+
+
+def test_only_the_first_lookahead_paths_count() -> None:
+    mirror = make("vllm")
+    pool = Pool(mirror)
+    old = pool.cache("ab", snap_at={2})
+    mirror.tick()
+    pool.cache("cd", snap_at={2})
+    mirror.lookahead = lambda: paths("x", "y", "ab")  # "ab" is third in the queue
+    mirror.lookahead_paths = 2
+    assert set(pool.evict(1)) & set(old.values())

@@ -20,7 +20,8 @@ Victims, in this order: free pages of entries that are not live (nothing can hit
 duplicate pages of a (key, group) that another page also holds, then policy units: a KV unit
 (the entry with its whole live subtree, snapshots included) or a snapshot unit (the state
 pages only). A unit with any page in use is never chosen, so neither is any page with
-``ref_cnt > 0``.
+``ref_cnt > 0``. With a :attr:`~PoolMirror.lookahead` (the engine's waiting requests), the
+units a waiting request would hit go last, in the same order among themselves.
 
 Everything is kept incrementally (the live trie, ``refs``, a lazy heap of units), so an
 eviction costs O(victims * depth + dead/duplicate entries + heap pops * log) and an event
@@ -71,7 +72,8 @@ Invariants (asserted by :meth:`check_integrity`):
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Collection, Hashable, Iterable
+import itertools
+from collections.abc import Callable, Collection, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from vllm_hybrid.core.node import Node
@@ -111,6 +113,10 @@ class VictimStats:
     kv_units: int = 0
     snapshot_units: int = 0
     pages: int = 0
+    #: times a unit was passed over because a waiting request would hit it
+    #: (:attr:`PoolMirror.lookahead`), and units taken anyway, for want of others
+    wanted_units: int = 0
+    wanted_taken: int = 0
 
 
 class PoolMirror:
@@ -152,6 +158,15 @@ class PoolMirror:
         #: engine's ``max_snapshot_fraction`` of its pool); None: no budget of their own,
         #: snapshots and KV compete for the pool by the policy's value alone.
         self.snapshot_budget_pages: int | None = None
+        #: Lookahead (None: off): the key paths of requests that will look the cache up soon
+        #: (an engine's waiting queue), each the keys at successive full-block ends from the
+        #: first block up to the last a hit may reach. A unit on such a path down to the
+        #: path's deepest snapshot (the hit that request would get now) goes only after every
+        #: other unit: the order changes, never how many pages an eviction frees.
+        self.lookahead: Callable[[], Iterable[Sequence[Hashable]]] | None = None
+        #: At most this many lookahead paths count, the first ones (an engine admits its
+        #: waiting requests in queue order): bounds the cost of an eviction under overload.
+        self.lookahead_paths = 64
         self._reset()
 
     def _reset(self) -> None:
@@ -387,6 +402,22 @@ class PoolMirror:
         snapshot goes with its KV unit where the policy ranks it so (its KV alone could not be
         resumed from). Same contract as :meth:`pick_victims` otherwise."""
         return self._pick(0, n_state_pages, is_free) if n_state_pages > 0 else []
+
+    def wanted_keys(self, paths: Iterable[Sequence[Hashable]]) -> set[Hashable]:
+        """The keys of the hits ``paths`` would get now: along each path, its live entries down
+        to the deepest one with a snapshot (none if the path reaches no snapshot)."""
+        out: set[Hashable] = set()
+        entries = self._entries
+        for path in paths:
+            hit = 0
+            for i, key in enumerate(path):
+                entry = entries.get(key)
+                if entry is None or not entry.live:
+                    break
+                if entry.node.has_snapshot:
+                    hit = i + 1
+            out.update(path[:hit])
+        return out
 
     def _pick(self, n_pages: int, n_state_pages: int, is_free: IsFree) -> list[int]:
         out: list[int] = []
@@ -749,45 +780,83 @@ class PoolMirror:
     ) -> None:
         """Policy units, lowest first, until ``out`` holds ``n_pages`` pages or, with
         ``state_target``, until at most that many free state pages still hold a snapshot
-        (units without a state page are then passed over and stay ranked)."""
+        (units without a state page are then passed over and stay ranked). With a
+        :attr:`lookahead`, the units a waiting request would hit are passed over first and
+        taken, lowest first again, only if the others do not suffice."""
         taken = set(out)
-        hook = getattr(self.policy, "on_evicted", None)  # optional (core/policy.py)
+        wanted = None
+        if self.lookahead is not None:
+            wanted = self.wanted_keys(itertools.islice(self.lookahead(), self.lookahead_paths))
+        held = self._pick_loop(n_pages, out, taken, is_free, state_target, wanted or None)
+        self.stats.wanted_units += len(held)
+        for item in held:  # ranked again (an item whose entry changed meanwhile is stale)
+            heapq.heappush(self._heap, item)
+        if held and not self._enough(n_pages, out, state_target):
+            before = self.stats.kv_units + self.stats.snapshot_units
+            self._pick_loop(n_pages, out, taken, is_free, state_target, None)
+            self.stats.wanted_taken += self.stats.kv_units + self.stats.snapshot_units - before
+
+    def _enough(self, n_pages: int, out: list[int], state_target: int | None) -> bool:
+        if state_target is not None:
+            return self._n_free_state <= state_target
+        return len(out) >= n_pages
+
+    def _pick_loop(
+        self,
+        n_pages: int,
+        out: list[int],
+        taken: set[int],
+        is_free: IsFree,
+        state_target: int | None,
+        wanted: set[Hashable] | None,
+    ) -> list[_Item]:
+        """One pass of :meth:`_pick_units`; returns the items of the units passed over because
+        their key is ``wanted``, lowest first (no longer in the heap)."""
         passed: list[_Item] = []
-        while len(out) < n_pages:
-            if state_target is not None and self._n_free_state <= state_target:
-                break
+        held: list[_Item] = []
+        while not self._enough(n_pages, out, state_target):
             popped = self._pop_valid()
             if popped is None:
                 break
             item, entry = popped
-            prio, kind = item[0], item[3]
-            pages = self._unit_pages(entry, kind)
+            pages = self._unit_pages(entry, item[3])
             used = self._used
             if any(p in used or not is_free(p) for p in pages) and not all(
                 self._free(p, is_free) for p in pages
             ):
                 continue  # the mirror had missed a use: the unit waits until it is free
-            if state_target is not None and kind == _KV and not self._holds_state(pages):
+            if state_target is not None and item[3] == _KV and not self._holds_state(pages):
                 passed.append(item)
-                continue
-            self.policy.on_evict(prio)
-            if hook is not None:  # as PrefixIndex calls it: before the unit goes
-                hook(entry.node, kind == _SNAP, self._n_live)  # live entries, not units
-            if kind == _SNAP:
-                self.stats.snapshot_units += 1
-                if self.on_snapshot_evicted is not None:  # the pages still hold the state
-                    by_group = {g: sorted(entry.pages[g]) for g in sorted(self.state_groups)}
-                    self.on_snapshot_evicted(entry.node, by_group, prio)
+            elif wanted is not None and entry.node.key in wanted:
+                held.append(item)
             else:
-                self.stats.kv_units += 1
-            victims = self._victims
-            for page in pages:
-                victims[page] = self.drop_page(page)
-                if page not in taken:
-                    out.append(page)
-                    taken.add(page)
+                self._take_unit(item, entry, pages, out, taken)
         for item in passed:  # still ranked (an item whose entry changed meanwhile is stale)
             heapq.heappush(self._heap, item)
+        return held
+
+    def _take_unit(
+        self, item: _Item, entry: _Entry, pages: list[int], out: list[int], taken: set[int]
+    ) -> None:
+        """Evict one policy unit: tell the policy, drop its pages from the mirror."""
+        prio, kind = item[0], item[3]
+        self.policy.on_evict(prio)
+        hook = getattr(self.policy, "on_evicted", None)  # optional (core/policy.py)
+        if hook is not None:  # as PrefixIndex calls it: before the unit goes
+            hook(entry.node, kind == _SNAP, self._n_live)  # live entries, not units
+        if kind == _SNAP:
+            self.stats.snapshot_units += 1
+            if self.on_snapshot_evicted is not None:  # the pages still hold the state
+                by_group = {g: sorted(entry.pages[g]) for g in sorted(self.state_groups)}
+                self.on_snapshot_evicted(entry.node, by_group, prio)
+        else:
+            self.stats.kv_units += 1
+        victims = self._victims
+        for page in pages:
+            victims[page] = self.drop_page(page)
+            if page not in taken:
+                out.append(page)
+                taken.add(page)
 
     def _holds_state(self, pages: list[int]) -> bool:
         page_keys, is_state = self._page_keys, self._is_state
