@@ -204,3 +204,34 @@ def test_snapshot_budget_drops_states_at_release_and_vllms_map_follows(caplog) -
     assert pool.hy_budget_pages >= 1 and pool.hy_policy_pages == 0
     lines = [r.getMessage() for r in caplog.records if "snapshot budget" in r.getMessage()]
     assert lines and "over 1" in lines[0]
+
+
+def test_waiting_requests_keep_what_they_would_hit() -> None:
+    """The scheduler's lookahead (``_hy_waiting_paths`` over ``Scheduler.waiting``) through the
+    swapped pool: LRU-wise the older chain would go, but a waiting request resumes from it, so
+    the newer one goes; vLLM's lookup still finds the older chain in full."""
+    pool = make_pool(n_blocks=12, policy="vllm")
+    a, b = request("a", 3), request("b", 3)
+    run_request(pool, a, snap_at=3)
+    pool._hy_mirror.tick()
+    run_request(pool, b, snap_at=3)
+    # a waiting request with a's prompt and one more token: its hit may end on block 3
+    waiting = SimpleNamespace(block_hashes=a.block_hashes + [BlockHash(b"z")], num_tokens=3 * B + 1)
+    fake = SimpleNamespace(hybrid_pool=pool, waiting=[waiting])
+    pool._hy_mirror.lookahead = lambda: scheduler._HybridMixin._hy_waiting_paths(fake)
+    pool.get_new_blocks(4)
+    pool.hy_check_integrity()
+    assert all(cached(pool, a, i, KV) for i in range(3)) and cached(pool, a, 2, STATE)
+    assert not cached(pool, b, 2, KV)
+    assert pool._hy_mirror.stats.wanted_units >= 1 and pool.hy_fallback_pages == 0
+
+
+def test_waiting_paths_are_keys_at_block_ends_up_to_the_last_token() -> None:
+    """Hash blocks of half a block: every second hash; the block holding the last token (which
+    vLLM always computes) is left out."""
+    pool = SimpleNamespace(_hy_mirror=SimpleNamespace(block_tokens=8), hash_block_size=4)
+    hashes = [f"h{i}" for i in range(6)]  # 24 tokens
+    reqs = [SimpleNamespace(block_hashes=hashes, num_tokens=n) for n in (24, 25, 7)]
+    fake = SimpleNamespace(hybrid_pool=pool, waiting=reqs)
+    got = list(scheduler._HybridMixin._hy_waiting_paths(fake))
+    assert got == [["h1", "h3"], ["h1", "h3", "h5"], []]

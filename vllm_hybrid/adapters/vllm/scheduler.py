@@ -22,7 +22,10 @@ Activation (:func:`activate`):
   ``MambaManager.cache_blocks`` through ``reachable_block_mask`` at every step), e.g. to the
   policy's periodic interval; prompt ends and shared-prefix junctions are always kept, at their
   hash-block positions, by vLLM's prefill checkpoint;
-* learning: every request, when first scheduled, is fed to the policy (``core/feed.py``).
+* learning: every request, when first scheduled, is fed to the policy (``core/feed.py``);
+* lookahead: the waiting requests' block hashes (``Request.block_hashes``, known from arrival)
+  are the mirror's ``lookahead``, so what a waiting request would hit goes last
+  (``PoolMirror.wanted_keys``; eviction order only).
 
 Independently of the policy (whenever prefix caching is on), per-request cache control:
 explicit breakpoints, pins with a TTL and cache reports (``cache_control.py``, hooked in
@@ -35,6 +38,7 @@ Settings: ``additional_config={"vllm_hybrid": {...}}`` or environment, see ``con
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -163,6 +167,7 @@ class _HybridMixin:
         #: (never under ``policy: stock``, where vLLM's cache stays untouched).
         self.hy_output: OutputStates | None = None
         if self.hybrid_pool is not None:
+            self.hybrid_pool._hy_mirror.lookahead = self._hy_waiting_paths
             control = self.hy_control
             self.hy_output = OutputStates.install(
                 self,
@@ -181,6 +186,18 @@ class _HybridMixin:
             # request at every step; ~1.5% of a 256-request step in bench_scheduler.py).
             self._mamba_block_aligned_split = super()._mamba_block_aligned_split  # type: ignore[method-assign,misc]
         self.hybrid_checks = 0
+
+    def _hy_waiting_paths(self) -> Iterator[Sequence[Any]]:
+        """The mirror's lookahead: each waiting request's keys (``Request.block_hashes`` at
+        full-block ends) up to the last block a hit may end on (vLLM leaves the last token to
+        compute: ``find_longest_cache_hit`` looks up ``num_tokens - 1`` tokens)."""
+        pool = self.hybrid_pool
+        assert pool is not None
+        block_tokens = pool._hy_mirror.block_tokens
+        step = block_tokens // pool.hash_block_size
+        for request in self.waiting:  # type: ignore[attr-defined]
+            n = (request.num_tokens - 1) // block_tokens * step
+            yield request.block_hashes[step - 1 : n : step]
 
     def _get_local_prefix_cache_hit(self, request: Any) -> Any:
         """vLLM's lookup (``Scheduler._get_local_prefix_cache_hit``); the request's breakpoints
