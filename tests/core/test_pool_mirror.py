@@ -196,6 +196,8 @@ def test_random_operations_keep_invariants(ops: list, policy: str, waiting: list
     mirror.lookahead = lambda: paths(*waiting)
     for op, chain, x in ops:
         mirror.tick()
+        if x % 2:  # an engine refreshes once per step; evictions in between reuse the keys
+            mirror.refresh_lookahead()
         cached = mirror.cached_pages()
         page = cached[x % len(cached)] if cached else None
         if op == "cache":
@@ -282,6 +284,31 @@ def test_a_running_requests_state_a_waiting_request_needs_stays() -> None:
     victims = pool.evict(1)
     assert sorted(victims) == sorted(other.values())
     assert mirror.keys_of(running["ab", S1]) == {("ab", S1)}
+
+
+def test_the_lookahead_is_walked_once_until_refreshed() -> None:
+    """The waiting paths are asked for at the first eviction after a refresh (an engine
+    refreshes once per step) and reused until the next; assigning a lookahead refreshes."""
+    mirror = make("vllm")
+    pool = Pool(mirror)
+    chains = {}
+    for key in "aceg":  # one block each, with its state, oldest first
+        chains[key] = set(pool.cache(key, snap_at={1}).values())
+        mirror.tick()
+    waiting, asked = ["az"], []
+
+    def lookahead() -> list[list[str]]:
+        asked.append(list(waiting))
+        return paths(*waiting)
+
+    mirror.lookahead = lookahead
+    assert set(pool.evict(1)) == chains["c"]  # "a" is wanted: the next oldest goes
+    waiting[:] = ["ez"]
+    assert set(pool.evict(1)) == chains["e"]  # not asked again: "a" is still the one kept
+    mirror.refresh_lookahead()
+    waiting[:] = ["gz"]
+    assert set(pool.evict(1)) == chains["a"]  # asked again: now "g" is kept
+    assert asked == [["az"], ["gz"]]
 
 
 def test_the_lookahead_never_frees_fewer_pages() -> None:

@@ -163,11 +163,29 @@ class PoolMirror:
         #: first block up to the last a hit may reach. A unit on such a path down to the
         #: path's deepest snapshot (the hit that request would get now) goes only after every
         #: other unit: the order changes, never how many pages an eviction frees.
-        self.lookahead: Callable[[], Iterable[Sequence[Hashable]]] | None = None
+        self._lookahead: Callable[[], Iterable[Sequence[Hashable]]] | None = None
         #: At most this many lookahead paths count, the first ones (an engine admits its
         #: waiting requests in queue order): bounds the cost of an eviction under overload.
         self.lookahead_paths = 64
+        self._wanted: set[Hashable] | None  # the lookahead's keys, until refreshed (_reset)
         self._reset()
+
+    @property
+    def lookahead(self) -> Callable[[], Iterable[Sequence[Hashable]]] | None:
+        return self._lookahead
+
+    @lookahead.setter
+    def lookahead(self, paths: Callable[[], Iterable[Sequence[Hashable]]] | None) -> None:
+        self._lookahead = paths
+        self._wanted = None
+
+    def refresh_lookahead(self) -> None:
+        """The waiting requests may have changed: the next eviction asks :attr:`lookahead`
+        again. Until then evictions reuse the keys it gave (an engine refreshes once per
+        scheduler step: its waiting queue changes between steps, and walking up to
+        :attr:`lookahead_paths` paths at every eviction batch of a step would cost more than
+        the evictions; within a step, units evicted meanwhile are simply no longer there)."""
+        self._wanted = None
 
     def _reset(self) -> None:
         self.root.children, self.root.partials, self.root.refs = {}, {}, 0
@@ -182,6 +200,7 @@ class PoolMirror:
         self._heap: list[_Item] = []
         self._victims: dict[int, list[PageKey]] = {}  # last pick's victims -> what they held
         self._n_live = self._n_free = self._n_free_state = 0
+        self._wanted = None
         if not self._events:
             self._used.clear()
 
@@ -784,9 +803,10 @@ class PoolMirror:
         :attr:`lookahead`, the units a waiting request would hit are passed over first and
         taken, lowest first again, only if the others do not suffice."""
         taken = set(out)
-        wanted = None
-        if self.lookahead is not None:
-            wanted = self.wanted_keys(itertools.islice(self.lookahead(), self.lookahead_paths))
+        wanted = self._wanted
+        if wanted is None and self._lookahead is not None:
+            paths = itertools.islice(self._lookahead(), self.lookahead_paths)
+            wanted = self._wanted = self.wanted_keys(paths)
         held = self._pick_loop(n_pages, out, taken, is_free, state_target, wanted or None)
         self.stats.wanted_units += len(held)
         for item in held:  # ranked again (an item whose entry changed meanwhile is stale)

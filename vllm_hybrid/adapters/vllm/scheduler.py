@@ -25,7 +25,7 @@ Activation (:func:`activate`):
 * learning: every request, when first scheduled, is fed to the policy (``core/feed.py``);
 * lookahead: the waiting requests' block hashes (``Request.block_hashes``, known from arrival)
   are the mirror's ``lookahead``, so what a waiting request would hit goes last
-  (``PoolMirror.wanted_keys``; eviction order only).
+  (``PoolMirror.wanted_keys``, walked once per ``schedule()``; eviction order only).
 
 Independently of the policy (whenever prefix caching is on), per-request cache control:
 explicit breakpoints, pins with a TTL and cache reports (``cache_control.py``, hooked in
@@ -231,6 +231,8 @@ class _HybridMixin:
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         if self.hy_control is not None:
             self.hy_control.expire()
+        if self.hybrid_pool is not None:
+            self.hybrid_pool._hy_mirror.refresh_lookahead()  # the waiting queue moved on
         out = super().schedule(*args, **kwargs)  # type: ignore[misc]
         if self.hybrid_pool is not None:
             self.hybrid_pool.hy_release_promoted()  # their copies are in out's connector meta
