@@ -17,7 +17,7 @@ replay --trace gen:agent --requests 80 --blocks 64 --policies stock,ours --json 
 # requests 3600-3699 share most (58% in-window), at 1/16 scale so 100 of them fit a CPU.
 replay --trace "$TRACE" --skip 3600 --requests 100 --scale 0.0625 --max-len 8192 --blocks 384 \
     --policies stock,ours --json "$OUT/mooncake.json"
-# The same window with 4 requests in flight instead of 16: at 16, their KV and running states
-# take ~250 of the 384 pages and the order of the policies flips (docs/block_manager.md).
+# The same window with 4 requests in flight instead of 16: fewer waiting requests, and the
+# requests in flight take fewer of the 384 pages (docs/block_manager.md, the Mooncake rows).
 replay --trace "$TRACE" --skip 3600 --requests 100 --scale 0.0625 --max-len 8192 --blocks 384 \
     --max-num-seqs 4 --policies stock,ours --json "$OUT/mooncake_seqs4.json"
