@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
+import itertools
 import statistics
 import sys
 import time
@@ -45,6 +46,7 @@ MIRROR_CALLS = (
     "tick",
     "clear",
     "use_free_events",
+    "refresh_lookahead",
 )
 PICKS = ("pick_victims", "pick_snapshot_victims")
 
@@ -98,6 +100,15 @@ def record(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any], int]:
     for name in MIRROR_CALLS:
         recorder.wrap(mirror, name)
     recorder.wrap(feed, "started")
+    if mirror.lookahead is not None:  # the waiting requests' paths, as the mirror got them
+        waiting = mirror.lookahead
+
+        def lookahead() -> list[list[Any]]:
+            paths = [list(p) for p in itertools.islice(waiting(), mirror.lookahead_paths)]
+            recorder.log.append(("lookahead", (paths,), None))
+            return paths
+
+        mirror.lookahead = lookahead
     setup = {
         "policy": mirror.policy.name,
         "cost": feed.cost,
@@ -135,6 +146,10 @@ def replay(log: list[Any], setup: dict[str, Any]) -> tuple[float, int]:
     mirror.snapshot_budget_pages = setup["snapshot_budget_pages"]
     feed = RequestFeed(policy, setup["cost"], setup["key_tokens"])
     used: set[int] = set()
+    waiting: list[list[list[Any]]] = []  # the recorded lookahead answers, in order
+    if any(name == "lookahead" for name, _, _ in log):
+        # a replay that diverged may ask where the engine did not: no waiting paths then
+        mirror.lookahead = lambda: waiting.pop(0) if waiting else []
 
     def is_free(page: int) -> bool:
         return page not in used
@@ -146,6 +161,8 @@ def replay(log: list[Any], setup: dict[str, Any]) -> tuple[float, int]:
     for name, args, out in log:
         if name == "started":
             feed.started(*args, mirror.node_of)
+        elif name == "lookahead":  # asked inside the pick that follows it in the log
+            waiting.append(args[0])
         elif name == "pages_used" or name == "touch_pages":
             used.update(args[0])
             getattr(mirror, name)(args[0])
