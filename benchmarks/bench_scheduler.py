@@ -105,79 +105,46 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 # ---------------------------------------------------------------------------------- building
 def vllm_config(args: argparse.Namespace) -> Any:
-    from vllm.engine.arg_utils import EngineArgs
+    """Sync scheduling (the CPU platform's), 8192 tokens of model length."""
+    from vllm_hybrid.testing.sched_harness import build_vllm_config
 
     model_dir = args.model_dir
     if model_dir is None:
         from vllm_hybrid.testing.fixtures import tiny_model_dir
 
         model_dir = str(tiny_model_dir("zamba2", ROOT / "out" / "models"))
-    engine_args = EngineArgs(
-        model=model_dir,
-        enable_prefix_caching=True,
+    return build_vllm_config(
+        model_dir,
+        prefix_caching=True,
+        block_tokens=args.block_tokens,
+        num_blocks=args.blocks,
         max_num_seqs=args.running,
-        max_num_batched_tokens=args.batched_tokens,
-        dtype="float32",
-        enforce_eager=True,
-        max_model_len=8192,
-        block_size=args.block_tokens,
+        max_batched_tokens=args.batched_tokens,
         async_scheduling=False,
+        max_model_len=8192,
     )
-    config = engine_args.create_engine_config()
-    config.cache_config.mamba_cache_mode = "align"
-    config.cache_config.mamba_block_size = args.block_tokens
-    config.cache_config.num_gpu_blocks = args.blocks
-    return config
 
 
 def kv_cache_config(args: argparse.Namespace) -> Any:
-    import torch
-    from vllm.v1.kv_cache_interface import (
-        FullAttentionSpec,
-        KVCacheConfig,
-        KVCacheGroupSpec,
-        MambaSpec,
-    )
+    from vllm_hybrid.testing.sched_harness import build_kv_cache_config
 
-    b = args.block_tokens
-    attn = FullAttentionSpec(block_size=b, num_kv_heads=4, head_size=64, dtype=torch.float32)
-    page = attn.page_size_bytes
-    groups = [KVCacheGroupSpec(["model.layers.1.attn", "model.layers.4.attn"], attn)]
-    for g in range(args.mamba_groups):
-        mamba = MambaSpec(
-            block_size=b,
-            shapes=((3, 256), (4, 64, 32)),
-            dtypes=(torch.float32, torch.float32),
-            page_size_padded=page,
-            mamba_cache_mode="align",
-        )
-        groups.append(KVCacheGroupSpec([f"model.layers.{g}.mamba"], mamba))
-    return KVCacheConfig(num_blocks=args.blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+    return build_kv_cache_config(
+        args.block_tokens, args.blocks, args.mamba_groups, state_shapes=((3, 256), (4, 64, 32))
+    )
 
 
 def build_scheduler(name: str, args: argparse.Namespace) -> Any:
     """vLLM's ``Scheduler`` ("stock") or ``HybridScheduler`` with policy ``name``."""
-    from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.structured_output import StructuredOutputManager
 
     from vllm_hybrid.adapters.vllm.scheduler import HybridScheduler
+    from vllm_hybrid.testing.sched_harness import construct_scheduler
 
-    config = vllm_config(args)
-    kv_config = kv_cache_config(args)
-    block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_config, config)
-    kv_config.hash_block_size = hash_block_size
     cls = Scheduler
     if name != "stock":
         os.environ["VLLM_HYBRID_POLICY"] = name
         cls = HybridScheduler
-    sched = cls(
-        vllm_config=config,
-        kv_cache_config=kv_config,
-        structured_output_manager=StructuredOutputManager(config),
-        block_size=block_size,
-        hash_block_size=hash_block_size,
-    )
+    sched, hash_block_size = construct_scheduler(cls, vllm_config(args), kv_cache_config(args))
     if name != "stock" and sched.hybrid_pool is None:
         raise RuntimeError("HybridScheduler did not activate on this KV cache config")
     return sched, hash_block_size
@@ -399,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     if profiler is not None:
         import pstats
 
-        pstats.Stats(profiler).sort_stats("cumulative").print_stats(
+        pstats.Stats(profiler).sort_stats(os.environ.get("PROFILE_SORT", "cumulative")).print_stats(
             os.environ.get("PROFILE_FILTER", ""), 25
         )
     if args.json:

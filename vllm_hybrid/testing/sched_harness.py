@@ -103,10 +103,11 @@ def build_vllm_config(
     max_batched_tokens: int,
     async_scheduling: bool = True,
     hybrid: dict[str, Any] | None = None,
+    max_model_len: int = 4096,
 ) -> Any:
-    """A real ``VllmConfig`` from the tiny model dir (as ``benchmarks/bench_scheduler.py``);
-    ``async_scheduling`` set afterwards, as a GPU platform would leave it (the CPU platform's
-    ``check_and_update_config`` turns it off)."""
+    """A real ``VllmConfig`` from the tiny model dir (also ``benchmarks/bench_scheduler.py``'s)
+    with ``num_blocks`` blocks in align mode; ``async_scheduling`` set afterwards, as a GPU
+    platform would leave it (the CPU platform's ``check_and_update_config`` turns it off)."""
     from vllm.engine.arg_utils import EngineArgs
 
     engine_args = EngineArgs(
@@ -116,7 +117,7 @@ def build_vllm_config(
         max_num_batched_tokens=max_batched_tokens,
         dtype="float32",
         enforce_eager=True,
-        max_model_len=4096,
+        max_model_len=max_model_len,
         block_size=block_tokens,
         async_scheduling=async_scheduling,
         additional_config={"vllm_hybrid": hybrid} if hybrid else {},
@@ -129,9 +130,14 @@ def build_vllm_config(
     return config
 
 
-def build_kv_cache_config(block_tokens: int, num_blocks: int, mamba_groups: int) -> Any:
-    """One ``FullAttentionSpec`` group and ``mamba_groups`` ``MambaSpec`` groups (align mode),
-    one page size (as ``benchmarks/bench_scheduler.py::kv_cache_config``)."""
+def build_kv_cache_config(
+    block_tokens: int,
+    num_blocks: int,
+    mamba_groups: int,
+    state_shapes: tuple[tuple[int, ...], ...] = ((3, 64), (4, 16, 32)),
+) -> Any:
+    """One ``FullAttentionSpec`` group and ``mamba_groups`` ``MambaSpec`` groups (align mode,
+    states of ``state_shapes``), one page size (also ``benchmarks/bench_scheduler.py``'s)."""
     import torch
     from vllm.v1.kv_cache_interface import (
         FullAttentionSpec,
@@ -146,8 +152,8 @@ def build_kv_cache_config(block_tokens: int, num_blocks: int, mamba_groups: int)
     for g in range(mamba_groups):
         mamba = MambaSpec(
             block_size=b,
-            shapes=((3, 64), (4, 16, 32)),
-            dtypes=(torch.float32, torch.float32),
+            shapes=state_shapes,
+            dtypes=(torch.float32,) * len(state_shapes),
             page_size_padded=attn.page_size_bytes,
             mamba_cache_mode="align",
         )
@@ -172,13 +178,8 @@ def build_scheduler(
     """(scheduler, block hasher). ``kind``: ``stock`` (vLLM's ``AsyncScheduler``) or
     ``hybrid`` (``HybridAsyncScheduler`` with ``policy``, debug checks on)."""
     from vllm.utils.hashing import get_hash_fn_by_name
-    from vllm.v1.core.kv_cache_utils import (
-        get_request_block_hasher,
-        init_none_hash,
-        resolve_kv_cache_block_sizes,
-    )
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-    from vllm.v1.structured_output import StructuredOutputManager
 
     from vllm_hybrid.adapters.vllm.scheduler import HybridAsyncScheduler
 
@@ -195,9 +196,24 @@ def build_scheduler(
     if prefix_match_unit is not None:  # sub-block hits (hash blocks below the block)
         config.cache_config.prefix_match_unit = prefix_match_unit
     kv_config = build_kv_cache_config(block_tokens, num_blocks, mamba_groups)
+    cls = HybridAsyncScheduler if kind == "hybrid" else AsyncScheduler
+    sched, hash_block_size = construct_scheduler(cls, config, kv_config)
+    if kind == "hybrid" and prefix_caching and getattr(sched, "hybrid_pool", None) is None:
+        raise RuntimeError("HybridAsyncScheduler did not activate on this KV cache config")
+    hash_fn = get_hash_fn_by_name(sched.cache_config.prefix_caching_hash_algo)
+    init_none_hash(hash_fn)
+    return sched, get_request_block_hasher(hash_block_size, hash_fn)
+
+
+def construct_scheduler(cls: type, config: Any, kv_config: Any) -> tuple[Any, int]:
+    """``cls(...)`` (vLLM's ``Scheduler``/``AsyncScheduler`` or ours) as ``EngineCore`` builds
+    it (``vllm/v1/engine/core.py``): block sizes resolved from the KV cache config; returns
+    (scheduler, hash block size)."""
+    from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+    from vllm.v1.structured_output import StructuredOutputManager
+
     block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_config, config)
     kv_config.hash_block_size = hash_block_size
-    cls = HybridAsyncScheduler if kind == "hybrid" else AsyncScheduler
     sched = cls(
         vllm_config=config,
         kv_cache_config=kv_config,
@@ -205,11 +221,7 @@ def build_scheduler(
         block_size=block_size,
         hash_block_size=hash_block_size,
     )
-    if kind == "hybrid" and prefix_caching and getattr(sched, "hybrid_pool", None) is None:
-        raise RuntimeError("HybridAsyncScheduler did not activate on this KV cache config")
-    hash_fn = get_hash_fn_by_name(sched.cache_config.prefix_caching_hash_algo)
-    init_none_hash(hash_fn)
-    return sched, get_request_block_hasher(hash_block_size, hash_fn)
+    return sched, hash_block_size
 
 
 # ------------------------------------------------------------------------------------ worker
