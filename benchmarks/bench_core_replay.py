@@ -13,7 +13,10 @@ a replay runs with warm caches, so this is a lower bound of what the core costs 
 engine step), and whether every replayed ``pick_victims`` returned exactly the victims the
 engine got (the check that the replay is faithful: it fails if the log misses a call).
 
-    .venv/bin/python benchmarks/bench_core_replay.py --steps 200
+    .venv/bin/python benchmarks/bench_core_replay.py --steps 200 [--per-call]
+
+``--per-call`` adds one replay with every call timed, printed as a table by kind (calls per
+step, us per call, us per step): where the core's share goes.
 """
 
 from __future__ import annotations
@@ -133,10 +136,14 @@ def record(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any], int]:
     return recorder.log, setup, steps
 
 
-def replay(log: list[Any], setup: dict[str, Any]) -> tuple[float, int]:
+def replay(
+    log: list[Any], setup: dict[str, Any], per_call: Counter[str] | None = None
+) -> tuple[float, int]:
     """One replay on fresh core objects: (seconds, picks whose victims differ from the log).
     A page is in use from ``pages_used``/``touch_pages`` until ``pages_freed``, as vLLM's
-    ``ref_cnt`` said when the adapter made those calls."""
+    ``ref_cnt`` said when the adapter made those calls. With ``per_call``, each call is timed
+    too (``perf_counter_ns``, ~0.1 us of timer per call in the seconds returned) and its
+    nanoseconds are added to ``per_call[name]``."""
     from vllm_hybrid.core.feed import RequestFeed
     from vllm_hybrid.core.policies import POLICIES
     from vllm_hybrid.core.pool_mirror import PoolMirror
@@ -157,8 +164,11 @@ def replay(log: list[Any], setup: dict[str, Any]) -> tuple[float, int]:
     differ = 0
     gc_was_on = gc.isenabled()
     gc.disable()
+    clock = time.perf_counter_ns
     t0 = time.perf_counter()
     for name, args, out in log:
+        if per_call is not None:
+            t_call = clock()
         if name == "started":
             feed.started(*args, mirror.node_of)
         elif name == "lookahead":  # asked inside the pick that follows it in the log
@@ -173,6 +183,8 @@ def replay(log: list[Any], setup: dict[str, Any]) -> tuple[float, int]:
             differ += getattr(mirror, name)(args[0], is_free) != out
         else:
             getattr(mirror, name)(*args)
+        if per_call is not None:
+            per_call[name] += clock() - t_call
     seconds = time.perf_counter() - t0
     if gc_was_on:
         gc.enable()
@@ -183,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     extra = argparse.ArgumentParser(add_help=False)
     extra.add_argument("--repeats", type=int, default=7, help="replays of the log")
+    extra.add_argument(
+        "--per-call",
+        action="store_true",
+        help="one more replay with every call timed: us per call and per step, by kind",
+    )
     mine, rest = extra.parse_known_args(argv)
     args = bench_scheduler.parse_args(["--configs", "flop", *rest])
     if args.configs == "stock" or "," in args.configs:
@@ -207,6 +224,16 @@ def main(argv: list[str] | None = None) -> int:
         f"over {mine.repeats} replays; victims identical to the engine's: "
         f"{'yes' if differ == 0 else f'NO ({differ} picks differ)'}"
     )
+    if mine.per_call:
+        spent: Counter[str] = Counter()
+        replay(log, setup, spent)
+        print(f"{'call':20} {'per step':>8} {'us/call':>8} {'us/step':>8}")
+        for name, ns in spent.most_common():
+            if name != "lookahead":  # the recorded answers are data, not calls
+                print(
+                    f"{name:20} {kinds[name] / steps:8.1f} {ns / kinds[name] / 1e3:8.2f}"
+                    f" {ns / steps / 1e3:8.1f}"
+                )
     return 0 if differ == 0 else 1
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,14 @@ def test_replay_notices_a_different_core(recorded: tuple[list, dict, int]) -> No
     assert bench_core_replay.replay(log, {**setup, "policy": "vllm"})[1] > 0
     no_frees = [call for call in log if call[0] != "pages_freed"]
     assert bench_core_replay.replay(no_frees, setup)[1] > 0
+
+
+def test_per_call_times_every_kind_of_call(recorded: tuple[list, dict, int]) -> None:
+    log, setup, _ = recorded
+    spent: Counter[str] = Counter()
+    _, differ = bench_core_replay.replay(log, setup, spent)
+    calls = {name for name, _, _ in log} - {"lookahead"}
+    assert differ == 0 and set(spent) >= calls and all(spent[name] > 0 for name in calls)
 
 
 def test_bad_arguments_are_refused() -> None:
