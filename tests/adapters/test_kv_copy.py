@@ -207,3 +207,24 @@ def test_patch_replaces_the_runner_copy():
     assert worker_utils.copy_kv_cache_blocks_inplace is ours
     assert gpu_model_runner.copy_kv_cache_blocks_inplace is ours
     assert kv_copy.VLLM_KV_CACHE_BLOCK_COPY is not None
+
+
+def test_the_index_reaches_an_accelerator_without_blocking(monkeypatch):
+    """Off CPU the copy pairs go through vLLM's pinned, non-blocking ``async_tensor_h2d`` (as
+    vLLM's own copy), once per device; on CPU they are used as built. A ``meta`` tensor stands
+    for an accelerator's cache here (shapes only: no GPU on this machine)."""
+    from vllm.utils import torch_utils
+
+    sent = []
+
+    def spy(data, device=None, **kwargs):
+        sent.append(torch.device(device))
+        return data.to(device)
+
+    monkeypatch.setattr(torch_utils, "async_tensor_h2d", spy)
+    caches = [torch.zeros(NUM_BLOCKS, 4, device="meta"), torch.zeros(NUM_BLOCKS, 8, device="meta")]
+    kv_copy.copy_kv_cache_blocks_every_view(caches, NUM_BLOCKS, [(0, 1)])
+    assert sent == [torch.device("meta")]
+    cpu = torch.arange(NUM_BLOCKS * 2, dtype=torch.float32).view(NUM_BLOCKS, 2)
+    kv_copy.copy_kv_cache_blocks_every_view([cpu], NUM_BLOCKS, [(0, 1)])
+    assert sent == [torch.device("meta")] and torch.equal(cpu[1], cpu[0])

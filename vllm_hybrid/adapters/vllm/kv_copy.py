@@ -75,7 +75,7 @@ def copy_kv_cache_blocks_every_view(
             continue
         index = index_on.get(cache.device)
         if index is None:
-            index = index_on[cache.device] = index_cpu.to(cache.device)
+            index = index_on[cache.device] = _index_on(index_cpu, cache.device)
         src, dst = index[:, 0], index[:, 1]
         if staged:
             pending.append((blocks, dst, blocks[src]))  # advanced indexing: a copy
@@ -83,6 +83,17 @@ def copy_kv_cache_blocks_every_view(
             blocks[dst] = blocks[src]
     for blocks, dst, values in pending:
         blocks[dst] = values
+
+
+def _index_on(index_cpu: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The copy pairs on ``device``: on an accelerator through a pinned buffer without
+    blocking the host (vLLM's ``async_tensor_h2d``, vllm/utils/torch_utils.py, as vLLM's own
+    copy does; the copy kernels that use it follow on the same stream); on CPU as they are."""
+    if device.type == "cpu":
+        return index_cpu
+    from vllm.utils import torch_utils  # looked up at call time (the CPU worker patches it)
+
+    return torch_utils.async_tensor_h2d(index_cpu, device=device)
 
 
 def _scheduler_blocks(
