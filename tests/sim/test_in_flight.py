@@ -29,8 +29,15 @@ def _keyed(prompts: list[list[int]], block_tokens: int = B) -> list[KeyedRequest
     return [KeyedRequest(r, block_tokens) for r in sim_requests(reqs, block_tokens)]
 
 
-def _run(prompts: list[list[int]], pages: int = 64, policy: str = "vllm", **kw: int) -> RunStats:
-    return replay(_keyed(prompts), COST, POLICIES[policy](COST), pages * PAGE, **kw)
+def _run(
+    prompts: list[list[int]],
+    pages: int = 64,
+    policy: str = "vllm",
+    hold_snapshots: bool = True,
+    **kw: int,
+) -> RunStats:
+    policy_ = POLICIES[policy](COST)
+    return replay(_keyed(prompts), COST, policy_, pages * PAGE, hold_snapshots=hold_snapshots, **kw)
 
 
 def _stats(s: RunStats) -> dict[str, object]:
@@ -98,6 +105,39 @@ def test_requests_in_flight_hold_their_pages() -> None:
     held = _run([A, OTHER, A], pages=8, in_flight=2)
     assert held.hit_tokens == 48  # A was held while OTHER ran: OTHER was not cached instead
     assert held.evicted_kv_blocks == 0
+
+
+def test_without_hold_snapshots_a_state_in_flight_can_go_while_its_kv_stays() -> None:
+    # vLLM's align mode: request 1 (A again, a hit at 48) still runs while OTHER is cached, but
+    # it holds only A's KV; the state at 48 it hit is in the free queue. 10 pages: A's 3 KV +
+    # state take 6, OTHER needs 6, so OTHER's state evicts A's (held: OTHER's is not kept).
+    # Request 3 (A) then finds A's KV but no state: no hit, as in the engine.
+    prompts = [A, A, OTHER, A]
+    held = _run(prompts, pages=10, in_flight=3)
+    assert held.hit_tokens == 96 and held.evicted_snapshots == 0
+    freed = _run(prompts, pages=10, in_flight=3, hold_snapshots=False)
+    assert freed.hit_tokens == 48
+    assert freed.evicted_snapshots >= 1 and freed.evicted_kv_blocks == 0  # the KV is held
+    # Nothing in flight, room to spare: the option changes nothing.
+    assert _run(prompts, hold_snapshots=False).hit_tokens == _run(prompts).hit_tokens == 96
+
+
+def test_the_budget_holds_without_hold_snapshots(chat: list[KeyedRequest]) -> None:
+    layout = PoolLayout(48, 128, 1572864, 1, 6, "zamba2")
+    cost = layout.cost_model()
+    budget, running = 48 * layout.page_bytes, 7 * layout.page_bytes
+    for name in ("vllm", "flop"):
+        s = replay(
+            chat,
+            cost,
+            POLICIES[name](cost),
+            budget,
+            in_flight=3,
+            running_bytes=running,
+            hold_snapshots=False,
+            check_every=1,
+        )
+        assert s.peak_bytes <= budget - 3 * running and s.requests == len(chat)
 
 
 def test_the_budget_holds_with_requests_in_flight(chat: list[KeyedRequest]) -> None:

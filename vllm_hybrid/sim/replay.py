@@ -29,6 +29,14 @@ whole stay (in vLLM's align mode its running state, a page per Mamba group, and 
 partial KV block); the window is always full, so the index budget is ``budget_bytes -
 in_flight * running_bytes``. ``in_flight=1`` with ``running_bytes=0`` (the defaults) is the
 one-request-at-a-time loop above, unchanged.
+
+``hold_snapshots=False`` (off by default): what a request holds protects its KV only, not the
+state snapshots on its path, as in vLLM's align mode, where a running request keeps its KV
+blocks referenced until it finishes but frees a state block (the one it hit, a junction or
+replay-boundary state it wrote) to the free queue as soon as it has computed past it
+(``MambaManager.remove_skipped_blocks``). Under pool pressure vLLM's LRU then evicts the states
+of a prefix while its KV is still held, and the KV alone cannot serve a hit (docs/block_manager.md,
+the agent row). With the default the index's locks protect both (the loop as before).
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ from dataclasses import asdict, dataclass, field
 
 from vllm_hybrid.core.cost import CostModel
 from vllm_hybrid.core.host_tier import HostTier
-from vllm_hybrid.core.index import PrefixIndex
+from vllm_hybrid.core.index import _SNAP, PrefixIndex
 from vllm_hybrid.core.node import LockHandle, Match, Node
 from vllm_hybrid.core.policies import BeladyOracle
 from vllm_hybrid.core.policy import AdmitContext
@@ -137,6 +145,31 @@ def _admit_snapshot(index: PrefixIndex, node: Node, t: int, window: _Window | No
         index.admit_snapshot(node, t)
     elif index.admit_snapshot(node, t):
         window.new_snapshot(node, t)
+
+
+class _KvOnlyLockIndex(PrefixIndex):
+    """``hold_snapshots=False``: a lock protects the KV of its path, not the snapshots on it;
+    a snapshot of a full block stays evictable by its policy priority while locked (a partial
+    node, KV and state in one, is still protected: evicting it removes the node)."""
+
+    def _valid(self, kind: int, node: Node, version: int) -> bool:
+        if kind == _SNAP and node.n_tokens == self.block_tokens:
+            return node.alive and node.version == version and node.has_snapshot
+        return super()._valid(kind, node, version)
+
+    def admit_snapshot(self, node: Node, now: int) -> bool:
+        kept = super().admit_snapshot(node, now)
+        if kept:
+            self._refresh(node)  # the node is locked: ranked now, not at its unlock
+        return kept
+
+    def _refresh(self, node: Node) -> None:
+        super()._refresh(node)  # new version; pushed only if unlocked
+        if node.refs and node.has_snapshot and node is not self.root:
+            if node.n_tokens == self.block_tokens:
+                prio = self.policy.snapshot_priority(node, self.now)
+                if prio is not None:
+                    self._push(prio, _SNAP, node)
 
 
 @dataclass
@@ -260,13 +293,15 @@ def replay(
     in_flight: int = 1,
     visible_after: int = 1,
     running_bytes: int = 0,
+    hold_snapshots: bool = True,
 ) -> RunStats:
     """Replay ``requests``; ``oracle`` (if given) records future uses for a Belady run;
     ``check_every`` > 0 runs ``check_integrity()`` every that many requests (slow);
     ``host_bytes`` > 0 adds a host tier of that size, ``host_bandwidth`` bytes/s each way;
     ``in_flight`` > 1 keeps that many requests in flight, ``visible_after`` (1..in_flight)
     sets when a request's inserts become visible, ``running_bytes`` is what each request in
-    flight holds outside the index (module docstring)."""
+    flight holds outside the index, ``hold_snapshots=False`` lets what a request holds protect
+    its KV only, not its snapshots (vLLM's align mode; module docstring)."""
     if in_flight < 1:
         raise ValueError(f"in_flight must be >= 1, got {in_flight}")
     if not 1 <= visible_after <= in_flight:
@@ -276,7 +311,7 @@ def replay(
         raise ValueError(f"running_bytes {running_bytes} x {in_flight} outside 0..budget")
     window = _Window(in_flight, visible_after) if in_flight > 1 else None
     host = HostTier(host_bytes, host_bandwidth) if host_bytes > 0 else None
-    index = PrefixIndex(
+    index = (PrefixIndex if hold_snapshots else _KvOnlyLockIndex)(
         block_tokens=cost.block_tokens,
         kv_bytes_per_token=cost.kv_bytes_per_token,
         snapshot_bytes=cost.snapshot_bytes,
