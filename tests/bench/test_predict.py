@@ -62,3 +62,28 @@ def test_in_flight_prediction_hides_a_request_in_flight_and_holds_its_pages() ->
     tiny = PoolLayout(16, B, 4096, 1, 3, "zamba2")
     assert predict_hit_rate(reqs, tiny, "stock") == 48 / 100
     assert predict_hit_rate(reqs, tiny, "stock", in_flight=16) == 48 / 100
+
+
+def test_the_in_flight_count_is_the_one_the_simulator_runs_with() -> None:
+    """``bench replay`` stores and prints ``sim_in_flight``: the engine's count capped by the
+    pool (the agent row printed 6 while the simulator ran 4)."""
+    from vllm_hybrid.bench.predict import sim_in_flight
+
+    tiny = PoolLayout(16, B, 4096, 1, 3, "zamba2")  # 2 x 4 running pages leave half of 16
+    assert [sim_in_flight(tiny, n) for n in (0, 1, 2, 3, 16)] == [1, 1, 2, 2, 2]
+    assert sim_in_flight(LAYOUT, 3) == 3
+
+
+def test_bench_rows_store_the_count_the_simulator_ran_with() -> None:
+    from vllm_hybrid.bench.report import RequestRecord, RowResult
+    from vllm_hybrid.bench.replay import add_predictions
+
+    a = list(range(100, 150))
+    reqs = [_req(i, a) for i in range(4)]
+    tiny = PoolLayout(16, B, 4096, 1, 3, "zamba2")
+    # four requests all in the engine at once (each lasts past the last arrival): mean 2.5 -> 3
+    records = [RequestRecord(i, 0.1 * i, 50, 0, 4, 1.0, 9.0, [1]) for i in range(4)]
+    row = RowResult("stock", 16, 10.0, 1.0, records, layout=tiny.to_json())
+    add_predictions([row], reqs, 16)
+    assert row.sim_in_flight == 2  # the engine's 3, capped by the 16-page pool
+    assert row.sim_hit_rate == predict_hit_rate(reqs, tiny, "stock", in_flight=2)

@@ -102,13 +102,20 @@ def running_bytes(layout: PoolLayout) -> int:
     return (layout.state_groups + layout.kv_groups) * layout.page_bytes
 
 
+def sim_in_flight(layout: PoolLayout, in_flight: int) -> int:
+    """The requests in flight the simulator runs with when asked for ``in_flight``: at most as
+    many as leave half the pool to the cache after their running pages (at least 1)."""
+    budget = layout.blocks * layout.page_bytes
+    return max(1, min(in_flight, budget // (2 * running_bytes(layout))))
+
+
 def predict_hit_rate(
     reqs: Sequence[BenchRequest], layout: PoolLayout, policy: str, in_flight: int | None = None
 ) -> float | None:
     """The simulator's token hit rate for row ``policy`` (None for rows it cannot model).
     ``in_flight=None``: one request at a time with the whole pool (the original prediction);
     N: N requests in flight (module docstring), at most as many as leave half the pool to the
-    cache after their running pages."""
+    cache after their running pages (:func:`sim_in_flight`)."""
     name = SIM_POLICY.get(policy, policy)
     if name not in POLICIES:
         return None
@@ -118,7 +125,7 @@ def predict_hit_rate(
     if in_flight is None:
         stats = replay(keyed, cost, POLICIES[name](cost), budget)
         return stats.token_hit_rate
+    n = sim_in_flight(layout, in_flight)
     run = running_bytes(layout)
-    n = max(1, min(in_flight, budget // (2 * run)))
     stats = replay(keyed, cost, POLICIES[name](cost), budget, in_flight=n, running_bytes=run)
     return stats.token_hit_rate

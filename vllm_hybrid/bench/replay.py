@@ -207,13 +207,15 @@ def add_predictions(
     """Each row's simulator prediction on the same requests, pool and costs (``predict.py``),
     with as many requests in flight as the row's engine had on average (its records: requests
     in the engine at each arrival, at most ``max_num_seqs``; None: a server's, vLLM's CPU
-    default), and one at a time; ``off`` predicts 0."""
+    default; then at most what the pool leaves room for, ``sim_in_flight``: the count stored
+    is the one the simulator ran with), and one at a time; ``off`` predicts 0."""
     from vllm_hybrid.bench.policies import OFF, OURS, OURS_DEFAULT, base_policy
     from vllm_hybrid.bench.predict import (
         SERVER_MAX_NUM_SEQS,
         PoolLayout,
         engine_in_flight,
         predict_hit_rate,
+        sim_in_flight,
     )
 
     cap = SERVER_MAX_NUM_SEQS if max_num_seqs is None else max_num_seqs
@@ -226,6 +228,7 @@ def add_predictions(
             layout = PoolLayout.from_json(row.layout)
             recs = row.records
             n = engine_in_flight([r.arrival_s for r in recs], [r.latency_s for r in recs], cap)
+            n = sim_in_flight(layout, n)  # what the simulator runs with, as printed
             row.sim_in_flight = n
             row.sim_hit_rate = predict_hit_rate(reqs, layout, name, in_flight=n)
             row.sim_hit_rate_1 = predict_hit_rate(reqs, layout, name)
