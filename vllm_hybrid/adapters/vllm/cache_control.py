@@ -436,18 +436,38 @@ class OutputStates:
         self.kept_boundaries = 0  # block-boundary output states kept (tentatively)
         self.kept_exact = 0  # sub-block end states registered at finish
         self.dropped = 0  # superseded boundary states dropped
-        self._vllm_cache_blocks = vllm_cache_blocks = self.coordinator.cache_blocks
+        self._vllm_cache_blocks = self.coordinator.cache_blocks
+        #: (group id, manager) of the groups that cache, as ``cache_blocks`` visits them
+        self._caching = [
+            (group_id, manager)
+            for group_id, manager in enumerate(managers)
+            if manager.enable_caching
+        ]
+        coordinator, caching = self.coordinator, self._caching
+        cacheable = coordinator.get_num_cacheable_tokens
         block, boundary = self.block_tokens, self._cache_boundary
 
         def cache_blocks(request: Any, num_computed_tokens: int) -> None:
-            # vLLM calls this for every scheduled request at every step: one test, then
-            # vLLM's own, except at a block boundary past the prompt (_cache_boundary)
-            if num_computed_tokens % block or num_computed_tokens <= request.num_prompt_tokens:
-                vllm_cache_blocks(request, num_computed_tokens)
+            # vLLM calls this for every scheduled request at every step (256 calls a step at
+            # 256 running). Except at a block boundary past the prompt (_cache_boundary) it
+            # does what KVCacheCoordinator.cache_blocks does, here rather than by calling it:
+            # one Python frame per call fewer. replay_boundaries is (num_prompt_tokens - 1,)
+            # without EAGLE, which install() refuses (tests/adapters/test_output_states_unit).
+            prompt = request.num_prompt_tokens
+            if num_computed_tokens % block or num_computed_tokens <= prompt:
+                boundaries = (prompt - 1,)
+                interval = coordinator.retention_interval
+                for group_id, manager in caching:
+                    manager.cache_blocks(
+                        request,
+                        cacheable(num_computed_tokens, group_id),
+                        retention_interval=interval,
+                        replay_boundaries=boundaries,
+                    )
             else:
                 boundary(request, num_computed_tokens)
 
-        self.coordinator.cache_blocks = cache_blocks  # instance attribute: one per engine
+        coordinator.cache_blocks = cache_blocks  # instance attribute: one per engine
 
     @classmethod
     def install(cls, scheduler: Any, policy: Any, sub_block: bool) -> OutputStates | None:
@@ -501,21 +521,11 @@ class OutputStates:
         )
 
     def _cache_blocks_with(self, request: Any, n: int, boundary: int) -> None:
-        """vLLM 0.32.0's ``KVCacheCoordinator.cache_blocks`` with one more boundary."""
-        from vllm.v1.core.kv_cache_coordinator import replay_boundaries
-
+        """vLLM 0.32.0's ``KVCacheCoordinator.cache_blocks`` with one more boundary (no EAGLE:
+        its ``replay_boundaries`` is the prompt's last token)."""
         c = self.coordinator
-        boundaries = (
-            *replay_boundaries(
-                request.num_prompt_tokens,
-                c.scheduler_block_size,
-                use_eagle=bool(c.eagle_group_ids),
-            ),
-            boundary,
-        )
-        for group_id, manager in enumerate(c.single_type_managers):
-            if not manager.enable_caching:
-                continue
+        boundaries = (request.num_prompt_tokens - 1, boundary)
+        for group_id, manager in self._caching:
             manager.cache_blocks(
                 request,
                 c.get_num_cacheable_tokens(n, group_id),
