@@ -436,7 +436,6 @@ class OutputStates:
         self.kept_boundaries = 0  # block-boundary output states kept (tentatively)
         self.kept_exact = 0  # sub-block end states registered at finish
         self.dropped = 0  # superseded boundary states dropped
-        self._vllm_cache_blocks = self.coordinator.cache_blocks
         #: (group id, manager) of the groups that cache, as ``cache_blocks`` visits them
         self._caching = [
             (group_id, manager)
@@ -500,7 +499,7 @@ class OutputStates:
         block boundary ``n`` past the prompt (the wrapper installed in ``__init__`` sends only
         those here), with ``n`` among the reachable boundaries when the policy keeps it."""
         if request.num_computed_tokens >= n or not self._keeps(request, n):
-            self._vllm_cache_blocks(request, n)
+            self._cache_blocks_with(request, n)
         else:
             self._cache_blocks_with(request, n, n)
             self._mark(request, n)
@@ -520,11 +519,12 @@ class OutputStates:
             == tokens
         )
 
-    def _cache_blocks_with(self, request: Any, n: int, boundary: int) -> None:
-        """vLLM 0.32.0's ``KVCacheCoordinator.cache_blocks`` with one more boundary (no EAGLE:
-        its ``replay_boundaries`` is the prompt's last token)."""
+    def _cache_blocks_with(self, request: Any, n: int, *extra: int) -> None:
+        """vLLM 0.32.0's ``KVCacheCoordinator.cache_blocks`` with the ``extra`` boundaries (no
+        EAGLE: its ``replay_boundaries`` is the prompt's last token). The wrapper installed in
+        ``__init__`` repeats this loop inline for its hot path (no extra boundary)."""
         c = self.coordinator
-        boundaries = (request.num_prompt_tokens - 1, boundary)
+        boundaries = (request.num_prompt_tokens - 1, *extra)
         for group_id, manager in self._caching:
             manager.cache_blocks(
                 request,
