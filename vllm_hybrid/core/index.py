@@ -24,7 +24,8 @@ Invariants (asserted by :meth:`check_integrity`, numbered as there):
 3. A snapshot is only held by a live node, so the KV of its whole prefix ``[0, end_tokens)`` is
    held (the node and all its ancestors are live).
 4. ``node.refs`` equals the number of active lock handles at the node or below it; every active
-   handle points to a live node. A node with ``refs > 0`` (KV or snapshot) is never evicted.
+   handle points to a live node. A node with ``refs > 0`` (KV or snapshot) is never evicted
+   (with ``hold_snapshots=False`` the snapshot of a full node may be, its KV never).
 5. ``used_bytes`` equals the KV bytes of all live nodes plus ``snapshot_bytes`` per snapshot,
    and ``n_snapshots`` the number of snapshots held.
 6. ``used_bytes <= peak_bytes <= budget_bytes``: the budget is never exceeded, not even
@@ -69,6 +70,7 @@ class PrefixIndex:
         policy: EvictionPolicy,
         record_evictions: bool = False,
         host: HostTier | None = None,
+        hold_snapshots: bool = True,
     ) -> None:
         if block_tokens <= 0 or budget_bytes < 0 or kv_bytes_per_token < 0 or snapshot_bytes < 0:
             raise ValueError("block_tokens must be > 0 and byte sizes >= 0")
@@ -78,6 +80,12 @@ class PrefixIndex:
         self.snapshot_bytes = snapshot_bytes
         self.budget_bytes = budget_bytes
         self.policy = policy
+        #: False: a lock protects the KV of its path, not the snapshots of full blocks on it
+        #: (they stay ranked and evictable by the policy's priority while locked), as vLLM's
+        #: align mode frees a running request's state blocks once it has computed past them
+        #: (``sim/replay.py``, ``hold_snapshots``). A partial node (KV and state in one) is
+        #: still protected: evicting it removes the node.
+        self.hold_snapshots = hold_snapshots
         self.root = Node(None, None, 0, 0, 0)
         self.used_bytes = 0
         self.peak_bytes = 0
@@ -252,7 +260,10 @@ class PrefixIndex:
             self.snapshots_admitted += 1
             self._take(self.snapshot_bytes)
         node.snap_access = now
-        node.version += 1
+        if self.hold_snapshots:
+            node.version += 1  # ranked when unlocked
+        else:
+            self._refresh(node)  # the node is locked: its snapshot is ranked now
         return True
 
     def admit_partial(
@@ -367,8 +378,14 @@ class PrefixIndex:
     def _refresh(self, node: Node) -> None:
         """Re-rank ``node`` after a change: stale heap entries are skipped by version."""
         node.version += 1
-        if node.refs or node is self.root:
-            return  # pushed again when unlocked
+        if node is self.root:
+            return
+        if node.refs:  # pushed again when unlocked, but for a snapshot a lock does not hold
+            if node.has_snapshot and self._loose_snapshot(node):
+                prio = self.policy.snapshot_priority(node, self.now)
+                if prio is not None:
+                    self._push(prio, _SNAP, node)
+            return
         now = self.now
         prio = self.policy.kv_priority(node, now)
         if prio is not None:
@@ -389,9 +406,15 @@ class PrefixIndex:
         heapq.heapify(self._heap)
 
     def _valid(self, kind: int, node: Node, version: int) -> bool:
-        if not node.alive or node.refs or node.version != version:
+        if not node.alive or node.version != version:
             return False
+        if node.refs:
+            return kind == _SNAP and node.has_snapshot and self._loose_snapshot(node)
         return kind == _KV or node.has_snapshot
+
+    def _loose_snapshot(self, node: Node) -> bool:
+        """``node``'s snapshot may go while the node is locked (``hold_snapshots=False``)."""
+        return not self.hold_snapshots and node.n_tokens == self.block_tokens
 
     def _pop_valid(self) -> tuple[float, int, Node] | None:
         while self._heap:

@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass, field
 
 from vllm_hybrid.core.cost import CostModel
 from vllm_hybrid.core.host_tier import HostTier
-from vllm_hybrid.core.index import _SNAP, PrefixIndex
+from vllm_hybrid.core.index import PrefixIndex
 from vllm_hybrid.core.node import LockHandle, Match, Node
 from vllm_hybrid.core.policies import BeladyOracle
 from vllm_hybrid.core.policy import AdmitContext
@@ -145,31 +145,6 @@ def _admit_snapshot(index: PrefixIndex, node: Node, t: int, window: _Window | No
         index.admit_snapshot(node, t)
     elif index.admit_snapshot(node, t):
         window.new_snapshot(node, t)
-
-
-class _KvOnlyLockIndex(PrefixIndex):
-    """``hold_snapshots=False``: a lock protects the KV of its path, not the snapshots on it;
-    a snapshot of a full block stays evictable by its policy priority while locked (a partial
-    node, KV and state in one, is still protected: evicting it removes the node)."""
-
-    def _valid(self, kind: int, node: Node, version: int) -> bool:
-        if kind == _SNAP and node.n_tokens == self.block_tokens:
-            return node.alive and node.version == version and node.has_snapshot
-        return super()._valid(kind, node, version)
-
-    def admit_snapshot(self, node: Node, now: int) -> bool:
-        kept = super().admit_snapshot(node, now)
-        if kept:
-            self._refresh(node)  # the node is locked: ranked now, not at its unlock
-        return kept
-
-    def _refresh(self, node: Node) -> None:
-        super()._refresh(node)  # new version; pushed only if unlocked
-        if node.refs and node.has_snapshot and node is not self.root:
-            if node.n_tokens == self.block_tokens:
-                prio = self.policy.snapshot_priority(node, self.now)
-                if prio is not None:
-                    self._push(prio, _SNAP, node)
 
 
 @dataclass
@@ -311,13 +286,14 @@ def replay(
         raise ValueError(f"running_bytes {running_bytes} x {in_flight} outside 0..budget")
     window = _Window(in_flight, visible_after) if in_flight > 1 else None
     host = HostTier(host_bytes, host_bandwidth) if host_bytes > 0 else None
-    index = (PrefixIndex if hold_snapshots else _KvOnlyLockIndex)(
+    index = PrefixIndex(
         block_tokens=cost.block_tokens,
         kv_bytes_per_token=cost.kv_bytes_per_token,
         snapshot_bytes=cost.snapshot_bytes,
         budget_bytes=index_budget,
         policy=policy,  # type: ignore[arg-type]
         host=host,
+        hold_snapshots=hold_snapshots,
     )
     stats = RunStats(
         name or getattr(policy, "name", "?"), budget_bytes, host_budget_bytes=host_bytes
