@@ -87,3 +87,27 @@ def test_bench_rows_store_the_count_the_simulator_ran_with() -> None:
     add_predictions([row], reqs, 16)
     assert row.sim_in_flight == 2  # the engine's 3, capped by the 16-page pool
     assert row.sim_hit_rate == predict_hit_rate(reqs, tiny, "stock", in_flight=2)
+
+
+def test_engine_running_is_the_mean_count_at_first_scheduling() -> None:
+    from vllm_hybrid.bench.predict import engine_running
+
+    assert engine_running([]) is None and engine_running([None, None]) is None  # over HTTP
+    assert engine_running([1, 2, 3, None]) == 2  # a request without the count is left out
+    assert engine_running([2, 3, 3, 3]) == 3  # 2.75 rounds up
+    assert engine_running([0]) == 1  # at least one
+
+
+def test_offline_rows_predict_with_the_schedulers_count_not_the_arrivals() -> None:
+    """The agent row: all four requests in the engine at each arrival (arrival count 3), but
+    the pool let only one run at a time (running_at_start 1): the simulator runs 1 in flight."""
+    from vllm_hybrid.bench.report import RequestRecord, RowResult
+    from vllm_hybrid.bench.replay import add_predictions
+
+    a = list(range(100, 150))
+    reqs = [_req(i, a) for i in range(4)]
+    records = [RequestRecord(i, 0.1 * i, 50, 0, 4, 1.0, 9.0, [1], 1) for i in range(4)]
+    row = RowResult("stock", 64, 10.0, 1.0, records, layout=LAYOUT.to_json())
+    add_predictions([row], reqs, 16)
+    assert row.sim_in_flight == 1
+    assert row.sim_hit_rate == predict_hit_rate(reqs, LAYOUT, "stock", in_flight=1)

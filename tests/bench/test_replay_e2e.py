@@ -40,6 +40,9 @@ def test_offline_stock_ours_off(model_root, tmp_path, capsys) -> None:
     assert rows["stock"]["token_hit_rate"] > 0 and rows["ours"]["token_hit_rate"] > 0
     assert all(s["blocks"] == 64 and s["requests"] == 12 for s in rows.values())
     assert all(len(r["records"]) == 12 for r in result["rows"])
+    # the scheduler's running count when each request started (at most --max-num-seqs, 16)
+    counts = [rec["running_at_start"] for r in result["rows"] for rec in r["records"]]
+    assert all(1 <= n <= 16 for n in counts), counts
     assert "greedy outputs identical across policies: yes (12 requests)" in table
     assert "ours/stock: TTFT p50" in table
 

@@ -102,8 +102,9 @@ def _greedy(max_tokens: int) -> Any:
     return vllm.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
 
 
-def _submit(engine: Any, request_id: str, ids: list[int], max_tokens: int) -> None:
-    engine.add_request(request_id, {"prompt_token_ids": ids}, _greedy(max_tokens))
+def _submit(engine: Any, request_id: str, ids: list[int], max_tokens: int) -> str:
+    """Add the request; returns the engine's own id for it (vLLM 0.32 suffixes ours)."""
+    return str(engine.add_request(request_id, {"prompt_token_ids": ids}, _greedy(max_tokens)))
 
 
 def _run_one(engine: Any, request_id: str, ids: list[int], max_tokens: int) -> None:
@@ -134,21 +135,30 @@ def replay(engine: Any, requests: list[list[Any]], arrivals: list[float]) -> Row
     order = deque(sorted(range(len(requests)), key=lambda i: arrivals[i]))
     first: dict[str, float] = {}
     records: list[RequestRecord] = []
+    running_at_start: dict[str, int] = {}  # by the engine's request id
+    engine_id: dict[str, str] = {}  # our request id -> the engine's
+    scheduler = engine.engine_core.engine_core.scheduler  # in-process (ENGINE_ENV)
     t0 = time.perf_counter()
     while order or engine.has_unfinished_requests():
         now = time.perf_counter() - t0
         while order and arrivals[order[0]] <= now:
             i = order.popleft()
-            _submit(engine, str(i), requests[i][1], requests[i][2])
+            engine_id[str(i)] = _submit(engine, str(i), requests[i][1], requests[i][2])
         if not engine.has_unfinished_requests():
             time.sleep(min(0.5, max(0.0, arrivals[order[0]] - now)))
             continue
-        for out in engine.step():
+        outputs = engine.step()
+        running = [r.request_id for r in scheduler.running]
+        for request_id in running:
+            running_at_start.setdefault(request_id, len(running))
+        for out in outputs:
             now = time.perf_counter() - t0
             if out.outputs[0].token_ids and out.request_id not in first:
                 first[out.request_id] = now
             if out.finished:
-                records.append(_record(out, arrivals, requests, first, now))
+                record = _record(out, arrivals, requests, first, now)
+                record.running_at_start = running_at_start.get(engine_id[out.request_id])
+                records.append(record)
                 print(f"{PROGRESS}{len(records)}", flush=True)
     wall = time.perf_counter() - t0
     records.sort(key=lambda r: r.index)

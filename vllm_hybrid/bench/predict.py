@@ -96,6 +96,18 @@ def engine_in_flight(arrivals_s: Sequence[float], latencies_s: Sequence[float], 
     return max(1, math.floor(sum(counts) / len(counts) + 0.5))
 
 
+def engine_running(running_at_start: Sequence[int | None]) -> int | None:
+    """The engine's concurrency as its scheduler saw it: the mean over requests of how many
+    were running just after the step that first scheduled each (``RequestRecord.
+    running_at_start``, offline rows), rounded, >= 1; None where no request has the count
+    (rows replayed over HTTP). Unlike :func:`engine_in_flight` it does not count requests
+    that wait for pages the pool cannot give them."""
+    counts = [n for n in running_at_start if n is not None]
+    if not counts:
+        return None
+    return max(1, math.floor(sum(counts) / len(counts) + 0.5))
+
+
 def running_bytes(layout: PoolLayout) -> int:
     """What a running request holds outside the cache in vLLM's align mode: its running state
     (one page per Mamba group) and its last, partial KV block (one page per attention group)."""

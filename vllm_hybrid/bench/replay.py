@@ -205,15 +205,17 @@ def add_predictions(
     rows: list[RowResult], reqs: list[BenchRequest], max_num_seqs: int | None
 ) -> None:
     """Each row's simulator prediction on the same requests, pool and costs (``predict.py``),
-    with as many requests in flight as the row's engine had on average (its records: requests
-    in the engine at each arrival, at most ``max_num_seqs``; None: a server's, vLLM's CPU
-    default; then at most what the pool leaves room for, ``sim_in_flight``: the count stored
-    is the one the simulator ran with), and one at a time; ``off`` predicts 0."""
+    with as many requests in flight as the row's engine had on average (offline rows: running
+    when each request was first scheduled, ``predict.engine_running``; rows over HTTP: in the
+    engine at each arrival by the records' times, at most ``max_num_seqs``, None: a server's,
+    vLLM's CPU default; then at most what the pool leaves room for, ``sim_in_flight``: the
+    count stored is the one the simulator ran with), and one at a time; ``off`` predicts 0."""
     from vllm_hybrid.bench.policies import OFF, OURS, OURS_DEFAULT, base_policy
     from vllm_hybrid.bench.predict import (
         SERVER_MAX_NUM_SEQS,
         PoolLayout,
         engine_in_flight,
+        engine_running,
         predict_hit_rate,
         sim_in_flight,
     )
@@ -227,7 +229,9 @@ def add_predictions(
             name = OURS_DEFAULT if base == OURS else base
             layout = PoolLayout.from_json(row.layout)
             recs = row.records
-            n = engine_in_flight([r.arrival_s for r in recs], [r.latency_s for r in recs], cap)
+            n = engine_running([r.running_at_start for r in recs])
+            if n is None:  # a row over HTTP: from its arrivals and latencies
+                n = engine_in_flight([r.arrival_s for r in recs], [r.latency_s for r in recs], cap)
             n = sim_in_flight(layout, n)  # what the simulator runs with, as printed
             row.sim_in_flight = n
             row.sim_hit_rate = predict_hit_rate(reqs, layout, name, in_flight=n)

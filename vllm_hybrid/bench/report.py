@@ -31,6 +31,9 @@ class RequestRecord:
     ttft_s: float
     latency_s: float
     output_token_ids: list[int]
+    #: Requests running in the engine just after the step that first scheduled this one
+    #: (itself included; offline rows only): the concurrency its cache lookup met.
+    running_at_start: int | None = None
 
 
 @dataclass
