@@ -93,7 +93,7 @@ def engine_in_flight(arrivals_s: Sequence[float], latencies_s: Sequence[float], 
         min(cap, sum(1 for a2, e2 in zip(arrivals_s, ends, strict=True) if a2 <= a < e2))
         for a in arrivals_s
     ]
-    return max(1, math.floor(sum(counts) / len(counts) + 0.5))
+    return _rounded_mean(counts)
 
 
 def engine_running(running_at_start: Sequence[int | None]) -> int | None:
@@ -103,8 +103,11 @@ def engine_running(running_at_start: Sequence[int | None]) -> int | None:
     (rows replayed over HTTP). Unlike :func:`engine_in_flight` it does not count requests
     that wait for pages the pool cannot give them."""
     counts = [n for n in running_at_start if n is not None]
-    if not counts:
-        return None
+    return _rounded_mean(counts) if counts else None
+
+
+def _rounded_mean(counts: Sequence[int]) -> int:
+    """The mean of ``counts`` (not empty), rounded half up, at least 1."""
     return max(1, math.floor(sum(counts) / len(counts) + 0.5))
 
 
