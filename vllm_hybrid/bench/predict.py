@@ -7,11 +7,12 @@ vLLM's align mode), bytes counted in the engine's pages and a budget of the engi
 
 With ``in_flight=None`` that is the one-request-at-a-time replay with the whole pool, which
 ignores what the requests in flight take: their pages, and their blocks computed in the same
-step. With ``in_flight=N`` (``bench replay`` passes the engine's mean running count, see
-:func:`engine_in_flight`) the simulator keeps N requests in flight (``sim/replay.py``): each
-holds its path, blocks and snapshots until N more have been admitted, plus its running state
-and last partial block outside the cache (``running_bytes``: one page per group, vLLM's align
-mode), and what it inserted is visible from the next request on. Measured against the engine in
+step. With ``in_flight=N`` (``bench replay`` passes the engine's mean running count,
+:func:`engine_running`, or over HTTP :func:`engine_in_flight`) the simulator keeps N requests
+in flight (``sim/replay.py``): each holds its path, blocks and snapshots until N more have
+been admitted, plus its running state and last partial block outside the cache
+(``running_bytes``: one page per group, vLLM's align mode), and what it inserted is visible
+from the next request on. Measured against the engine in
 docs/bench_replay.md. A prompt's state is kept at its last full ``hash_tokens`` boundary below
 the prompt end.
 """

@@ -381,7 +381,7 @@ class PrefixIndex:
         if node is self.root:
             return
         if node.refs:  # pushed again when unlocked, but for a snapshot a lock does not hold
-            if node.has_snapshot and self._loose_snapshot(node):
+            if not self.hold_snapshots and self._loose_snapshot(node):
                 prio = self.policy.snapshot_priority(node, self.now)
                 if prio is not None:
                     self._push(prio, _SNAP, node)
@@ -408,13 +408,14 @@ class PrefixIndex:
     def _valid(self, kind: int, node: Node, version: int) -> bool:
         if not node.alive or node.version != version:
             return False
-        if node.refs:
-            return kind == _SNAP and node.has_snapshot and self._loose_snapshot(node)
+        if node.refs:  # locked: only a snapshot a lock does not hold may go
+            return not self.hold_snapshots and kind == _SNAP and self._loose_snapshot(node)
         return kind == _KV or node.has_snapshot
 
     def _loose_snapshot(self, node: Node) -> bool:
-        """``node``'s snapshot may go while the node is locked (``hold_snapshots=False``)."""
-        return not self.hold_snapshots and node.n_tokens == self.block_tokens
+        """With ``hold_snapshots=False``: ``node`` holds a snapshot that may go while it is
+        locked (a full node's; a partial node's state goes only with the node)."""
+        return node.has_snapshot and node.n_tokens == self.block_tokens
 
     def _pop_valid(self) -> tuple[float, int, Node] | None:
         while self._heap:
