@@ -57,6 +57,8 @@ def test_bad_rate_and_time_scale(capsys, tmp_path: Path) -> None:
     _fails(capsys, [*base, "--rate", "fast"], "--rate must be a number or auto")
     _fails(capsys, [*base, "--rate", "-1"], "--rate must be positive")
     _fails(capsys, [*base, "--time-scale", "-1"], "--time-scale must be >= 0")
+    _fails(capsys, [*base, "--load-window", "-2"], "--load-window must be >= 0")
+    _fails(capsys, [*base, "--rate", "2", "--load-window", "-2"], "--load-window must be >= 0")
 
 
 def test_bad_skip_and_skipping_past_the_end(capsys, tmp_path: Path) -> None:

@@ -103,6 +103,18 @@ def test_rate_and_time_scale() -> None:
         time_scale_for_rate(reqs, 0.0)
 
 
+def test_load_window_scales_the_busiest_arrivals() -> None:
+    # gaps of 4, 4, 1, 1, 4 s: the busiest 2 gaps span 2 s, all 5 span 14 s
+    at = [0.0, 4.0, 8.0, 9.0, 10.0, 14.0]
+    reqs = build_workload(iter([_req([(i, 10)], 1000.0 * t) for i, t in enumerate(at)]), 6, 1.0, 4096)
+    assert time_scale_for_rate(reqs, 1.0) == pytest.approx(5 / 14)  # the mean: 1/s overall
+    assert time_scale_for_rate(reqs, 1.0, window=2) == pytest.approx(1.0)  # 2 gaps in 2 s
+    assert time_scale_for_rate(reqs, 1.0, window=3) == pytest.approx(3 / 6)  # 4+1+1 s
+    assert time_scale_for_rate(reqs, 1.0, window=99) == time_scale_for_rate(reqs, 1.0)
+    with pytest.raises(BenchError, match="--load-window must be >= 0"):
+        time_scale_for_rate(reqs, 1.0, window=-1)
+
+
 def test_unknown_generator_and_missing_trace() -> None:
     with pytest.raises(BenchError, match="unknown generator 'nope'"):
         list(iter_source("gen:nope"))

@@ -91,7 +91,8 @@ async def _replay(
     model = await _model_name(client, args.served_model)
     if time_scale is None:
         pace_s = await _pace(client, model, reqs, args.warmup)
-        time_scale = time_scale_for_rate(reqs, args.load / max(pace_s, 1e-6))
+        rate = args.load / max(pace_s, 1e-6)
+        time_scale = time_scale_for_rate(reqs, rate, args.load_window)
     bar.reset()  # time the replay, not the warm-up
     t0 = time.perf_counter()
 

@@ -184,13 +184,15 @@ def _record(
 
 def choose_time_scale(spec: dict[str, Any], seconds_per_request: float) -> float:
     """``spec['time_scale']`` if fixed, else the scale at which requests arrive at ``load``
-    times the pace of one uncached request at a time (``--rate auto``)."""
+    times the pace of one uncached request at a time (``--rate auto``; over the busiest
+    ``load_window`` arrivals if set)."""
     from vllm_hybrid.bench.workload import BenchRequest, time_scale_for_rate
 
     if spec.get("time_scale") is not None:
         return float(spec["time_scale"])
     reqs = [BenchRequest(r[0], r[3], (), r[2]) for r in spec["requests"]]
-    return time_scale_for_rate(reqs, spec["load"] / max(seconds_per_request, 1e-6))
+    rate = spec["load"] / max(seconds_per_request, 1e-6)
+    return time_scale_for_rate(reqs, rate, spec.get("load_window", 0))
 
 
 def run_row(spec: dict[str, Any]) -> RowResult:

@@ -77,8 +77,14 @@ def add_replay_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, help="output tokens (default: trace's, scaled)")
     timing = p.add_mutually_exclusive_group()
     timing.add_argument("--time-scale", type=float, help="multiply arrival times (0: all at once)")
-    timing.add_argument("--rate", default="auto", help="mean arrivals/s, or auto (see --load)")
+    timing.add_argument("--rate", default="auto", help="arrivals/s (mean; see --load-window), or auto (see --load)")
     p.add_argument("--load", type=float, default=0.8, help="--rate auto: fraction of the pace")
+    p.add_argument(
+        "--load-window",
+        type=int,
+        default=0,
+        help="--rate/--load hold for the busiest K consecutive arrivals (0: the mean over all)",
+    )
     p.add_argument("--blocks", type=int, help="KV pool blocks for every row (default: vLLM's)")
     p.add_argument(
         "--host-gb",
@@ -118,12 +124,14 @@ def fixed_time_scale(args: argparse.Namespace, requests: list[BenchRequest]) -> 
     if str(args.rate) == "auto":
         if args.load <= 0:
             raise BenchError(f"--load must be positive, got {args.load}")
+        if args.load_window < 0:
+            raise BenchError(f"--load-window must be >= 0, got {args.load_window}")
         return None
     try:
         rate = float(args.rate)
     except ValueError:
         raise BenchError(f"--rate must be a number or auto, got {args.rate!r}") from None
-    return time_scale_for_rate(requests, rate)
+    return time_scale_for_rate(requests, rate, args.load_window)
 
 
 def load_workload(args: argparse.Namespace) -> list[BenchRequest]:
@@ -147,6 +155,7 @@ def _row_spec(
         "warmup": args.warmup,
         "time_scale": scale,
         "load": args.load,
+        "load_window": args.load_window,
         "requests": [[r.index, list(r.prompt_token_ids), r.max_tokens, r.arrival_s] for r in reqs],
     }
 
@@ -250,7 +259,7 @@ def run_http(args: argparse.Namespace, reqs: list[BenchRequest]) -> list[RowResu
 def _settings(args: argparse.Namespace, reqs: list[BenchRequest]) -> dict[str, Any]:
     keys: tuple[str, ...] = ("trace", "model", "url", "label", "policies", "requests", "skip")
     keys += ("scale", "max_len")
-    keys += ("max_tokens", "time_scale", "rate", "load", "blocks", "max_num_seqs", "seed")
+    keys += ("max_tokens", "time_scale", "rate", "load", "load_window", "blocks", "max_num_seqs", "seed")
     keys += ("host_gb",)
     out = {k: getattr(args, k) for k in keys}
     out["workload_requests"] = len(reqs)

@@ -103,14 +103,22 @@ def build_workload(
     return out
 
 
-def time_scale_for_rate(requests: list[BenchRequest], rate_per_s: float) -> float:
-    """The factor on trace arrival times that makes the mean arrival rate ``rate_per_s``."""
+def time_scale_for_rate(requests: list[BenchRequest], rate_per_s: float, window: int = 0) -> float:
+    """The factor on trace arrival times that makes the arrival rate ``rate_per_s``: the mean
+    rate over the whole workload, or with ``window`` = K >= 1 the rate of its busiest K
+    consecutive arrivals (the shortest span of K inter-arrival gaps)."""
     if rate_per_s <= 0:
         raise BenchError(f"--rate must be positive, got {rate_per_s}")
-    span_s = requests[-1].arrival_s - requests[0].arrival_s
-    if len(requests) < 2 or span_s <= 0:
+    if window < 0:
+        raise BenchError(f"--load-window must be >= 0, got {window}")
+    times = [r.arrival_s for r in requests]
+    gaps = len(times) - 1 if not window else min(window, len(times) - 1)
+    if gaps < 1:
         return 0.0
-    return (len(requests) - 1) / rate_per_s / span_s
+    span_s = min(times[i + gaps] - times[i] for i in range(len(times) - gaps))
+    if span_s <= 0:
+        return 0.0
+    return gaps / rate_per_s / span_s
 
 
 def scaled_arrivals(requests: list[BenchRequest], time_scale: float) -> list[float]:
