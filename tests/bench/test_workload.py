@@ -106,7 +106,9 @@ def test_rate_and_time_scale() -> None:
 def test_load_window_scales_the_busiest_arrivals() -> None:
     # gaps of 4, 4, 1, 1, 4 s: the busiest 2 gaps span 2 s, all 5 span 14 s
     at = [0.0, 4.0, 8.0, 9.0, 10.0, 14.0]
-    reqs = build_workload(iter([_req([(i, 10)], 1000.0 * t) for i, t in enumerate(at)]), 6, 1.0, 4096)
+    reqs = build_workload(
+        iter([_req([(i, 10)], 1000.0 * t) for i, t in enumerate(at)]), 6, 1.0, 4096
+    )
     assert time_scale_for_rate(reqs, 1.0) == pytest.approx(5 / 14)  # the mean: 1/s overall
     assert time_scale_for_rate(reqs, 1.0, window=2) == pytest.approx(1.0)  # 2 gaps in 2 s
     assert time_scale_for_rate(reqs, 1.0, window=3) == pytest.approx(3 / 6)  # 4+1+1 s
@@ -138,3 +140,24 @@ def test_skip_starts_at_a_later_window_with_its_own_clock() -> None:
     ]
     assert window[0].prompt_token_ids == whole[10].prompt_token_ids  # all of gen:chat fits
     assert window[0].arrival_s == 0.0 and window[1].arrival_s > 0.0
+
+
+def test_offline_rows_pass_the_load_window_to_their_pacing() -> None:
+    """The parent's settings reach the engine process's pacing (``offline.choose_time_scale``
+    reads the row spec that ``replay._row_spec`` writes)."""
+    from argparse import Namespace
+
+    from vllm_hybrid.bench.offline import choose_time_scale
+    from vllm_hybrid.bench.replay import _row_spec
+
+    at = [0.0, 4.0, 8.0, 9.0, 10.0, 14.0]
+    reqs = build_workload(
+        iter([_req([(i, 10)], 1000.0 * t) for i, t in enumerate(at)]), 6, 1.0, 4096
+    )
+    args = Namespace(model="m", dtype="float32", max_len=4096, max_num_seqs=4, blocks=None)
+    args.host_gb, args.warmup, args.load = 0.0, 0, 0.5
+    for window, expected in ((0, 5 / 14), (2, 1.0)):
+        args.load_window = window
+        spec = _row_spec(args, "ours", reqs, None)
+        # one uncached request takes 0.5 s: the pace is 2/s, load 0.5 -> 1 arrival/s
+        assert choose_time_scale(spec, 0.5) == pytest.approx(expected)

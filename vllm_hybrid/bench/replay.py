@@ -77,7 +77,9 @@ def add_replay_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, help="output tokens (default: trace's, scaled)")
     timing = p.add_mutually_exclusive_group()
     timing.add_argument("--time-scale", type=float, help="multiply arrival times (0: all at once)")
-    timing.add_argument("--rate", default="auto", help="arrivals/s (mean; see --load-window), or auto (see --load)")
+    timing.add_argument(
+        "--rate", default="auto", help="arrivals/s (mean; see --load-window), or auto (see --load)"
+    )
     p.add_argument("--load", type=float, default=0.8, help="--rate auto: fraction of the pace")
     p.add_argument(
         "--load-window",
@@ -259,7 +261,16 @@ def run_http(args: argparse.Namespace, reqs: list[BenchRequest]) -> list[RowResu
 def _settings(args: argparse.Namespace, reqs: list[BenchRequest]) -> dict[str, Any]:
     keys: tuple[str, ...] = ("trace", "model", "url", "label", "policies", "requests", "skip")
     keys += ("scale", "max_len")
-    keys += ("max_tokens", "time_scale", "rate", "load", "load_window", "blocks", "max_num_seqs", "seed")
+    keys += (
+        "max_tokens",
+        "time_scale",
+        "rate",
+        "load",
+        "load_window",
+        "blocks",
+        "max_num_seqs",
+        "seed",
+    )
     keys += ("host_gb",)
     out = {k: getattr(args, k) for k in keys}
     out["workload_requests"] = len(reqs)
