@@ -261,16 +261,8 @@ def run_http(args: argparse.Namespace, reqs: list[BenchRequest]) -> list[RowResu
 def _settings(args: argparse.Namespace, reqs: list[BenchRequest]) -> dict[str, Any]:
     keys: tuple[str, ...] = ("trace", "model", "url", "label", "policies", "requests", "skip")
     keys += ("scale", "max_len")
-    keys += (
-        "max_tokens",
-        "time_scale",
-        "rate",
-        "load",
-        "load_window",
-        "blocks",
-        "max_num_seqs",
-        "seed",
-    )
+    keys += ("max_tokens", "time_scale", "rate", "load", "blocks", "max_num_seqs", "seed")
+    keys += ("load_window",)
     keys += ("host_gb",)
     out = {k: getattr(args, k) for k in keys}
     out["workload_requests"] = len(reqs)
