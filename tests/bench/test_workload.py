@@ -115,6 +115,12 @@ def test_load_window_scales_the_busiest_arrivals() -> None:
     assert time_scale_for_rate(reqs, 1.0, window=99) == time_scale_for_rate(reqs, 1.0)
     with pytest.raises(BenchError, match="--load-window must be >= 0"):
         time_scale_for_rate(reqs, 1.0, window=-1)
+    burst = build_workload(
+        iter([_req([(i, 10)], 0.0 if i < 3 else 5000.0) for i in range(5)]), 5, 1.0, 4096
+    )
+    with pytest.raises(BenchError, match="the busiest 2 arrivals come at one instant"):
+        time_scale_for_rate(burst, 1.0, window=2)
+    assert time_scale_for_rate(burst, 1.0, window=3) == pytest.approx(3 / 5)
 
 
 def test_unknown_generator_and_missing_trace() -> None:
