@@ -116,12 +116,12 @@ def time_scale_for_rate(requests: list[BenchRequest], rate_per_s: float, window:
     if gaps < 1:
         return 0.0
     span_s = min(times[i + gaps] - times[i] for i in range(len(times) - gaps))
-    if span_s <= 0 and gaps < len(times) - 1:
-        raise BenchError(
-            f"the busiest {gaps} arrivals come at one instant: no time scale makes their rate "
-            f"{rate_per_s:g}/s; pass a larger --load-window"
-        )
     if span_s <= 0:
+        if gaps < len(times) - 1:
+            raise BenchError(
+                f"the busiest {gaps} arrivals come at one instant: no time scale makes their "
+                f"rate {rate_per_s:g}/s; pass a larger --load-window"
+            )
         return 0.0  # every request at once
     return gaps / rate_per_s / span_s
 
