@@ -672,6 +672,35 @@ def test_snapshot_budget_holds_after_every_release(ops: list, policy: str, budge
         mirror.check_integrity(pool.is_free)  # inv 8: the budget, but for paths in use
 
 
+def test_the_budget_takes_states_the_policy_keeps_when_nothing_else_frees_them() -> None:
+    """marconi keeps a branch point's state (no unit holds it); a budget of 0 still holds:
+    the unranked state goes alone, least recently used first; the KV stays."""
+    mirror = make("marconi")
+    mirror.use_free_events()
+    mirror.snapshot_budget_pages = 0
+    pool = Pool(mirror)
+    a = pool.cache("ab", snap_at={1})
+    mirror.tick()
+    c = pool.cache("cd", snap_at={1})
+    pool.cache("ae")  # "a" branches: marconi ranks neither its state nor its KV
+    pool.cache("cf")
+    victims = mirror.pick_snapshot_victims(mirror.snapshot_excess(), pool.is_free)
+    # the duplicate KV pages of "a" and "c" (Pool.cache re-caches a prefix) go first
+    assert victims[2:] == [a["a", S1], a["a", S2], c["c", S1], c["c", S2]]
+    assert mirror.stats.duplicate_pages == 2 and len(victims) == 6
+    assert mirror.free_state_pages() == 0
+    assert mirror.stats.snapshot_units == 2 and mirror.stats.kv_units == 0
+    mirror.check_integrity(pool.is_free)
+    g = pool.cache("gh", snap_at={1}, used=True)  # a path in use keeps its state (inv 8)
+    pool.cache("gi")
+    pool.in_use.difference_update([g["g", S1], g["g", S2]])
+    mirror.pages_freed([g["g", S1], g["g", S2]])
+    victims = mirror.pick_snapshot_victims(mirror.snapshot_excess(), pool.is_free)
+    assert victims and not set(victims) & {g["g", S1], g["g", S2]}  # "g"'s duplicate KV only
+    assert mirror.free_state_pages() == 2
+    mirror.check_integrity(pool.is_free)
+
+
 def test_only_the_first_lookahead_paths_count() -> None:
     mirror = make("vllm")
     pool = Pool(mirror)

@@ -419,7 +419,10 @@ class PoolMirror:
         policy units lowest first, passing over the units that hold no state page (KV with no
         snapshot in its subtree: a KV shortage evicts those, not the snapshot budget). A leaf
         snapshot goes with its KV unit where the policy ranks it so (its KV alone could not be
-        resumed from). Same contract as :meth:`pick_victims` otherwise."""
+        resumed from). If those do not suffice because the policy leaves some free states
+        unranked (``marconi`` keeps branch points), their snapshot units go last, least
+        recently used first (:meth:`_pick_unranked_states`). Same contract as
+        :meth:`pick_victims` otherwise."""
         return self._pick(0, n_state_pages, is_free) if n_state_pages > 0 else []
 
     def wanted_keys(self, paths: Iterable[Sequence[Hashable]]) -> set[Hashable]:
@@ -453,6 +456,8 @@ class PoolMirror:
             if self._n_free_state > state_target:
                 unbounded = len(self._page_keys) + len(out)  # the state target stops it
                 self._pick_units(unbounded, out, is_free, state_target)
+            if self._n_free_state > state_target:
+                self._pick_unranked_states(out, is_free, state_target)
         elif len(out) < n_pages:
             self._pick_units(n_pages, out, is_free)
         assert all(is_free(p) for p in out), "inv 4: a victim page is in use"
@@ -815,6 +820,26 @@ class PoolMirror:
             before = self.stats.kv_units + self.stats.snapshot_units
             self._pick_loop(n_pages, out, taken, is_free, state_target, None)
             self.stats.wanted_taken += self.stats.kv_units + self.stats.snapshot_units - before
+
+    def _pick_unranked_states(self, out: list[int], is_free: IsFree, state_target: int) -> None:
+        """The budget's last resort, when the policy's units cannot meet it: it keeps some
+        free states unranked (``marconi`` keeps branch points; a state with children goes
+        with no KV unit either). Their snapshot units go, least recently used first (then
+        shallowest, then oldest entry), on paths not in use, until the target is met. O(entries):
+        only policies that leave states unranked get here."""
+        taken = set(out)
+        order = sorted(
+            (e.node.snap_access, e.node.end_tokens, e.serial, e)
+            for e in self._entries.values()
+            if e.live and e.node.has_snapshot and e.used_state == 0 and not e.node.refs
+        )
+        for _, _, serial, entry in order:
+            if self._n_free_state <= state_target:
+                return
+            pages = self._unit_pages(entry, _SNAP)
+            if all(self._free(p, is_free) for p in pages):
+                item = (float("-inf"), entry.node.end_tokens, serial, _SNAP, entry.node.version)
+                self._take_unit(item, entry, pages, out, taken)
 
     def _enough(self, n_pages: int, out: list[int], state_target: int | None) -> bool:
         if state_target is not None:
