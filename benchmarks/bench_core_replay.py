@@ -61,8 +61,8 @@ class Recorder:
         self.log: list[tuple[str, tuple[Any, ...], list[int] | None]] = []
         self._depth = 0  # calls the core makes to itself are not the adapter's
 
-    def wrap(self, obj: Any, name: str) -> None:
-        method = getattr(obj, name)
+    def wrapped(self, method: Any, name: str) -> Any:
+        """``method``, logging its top-level calls as ``name``."""
 
         @functools.wraps(method)
         def recorded(*args: Any) -> Any:
@@ -84,7 +84,23 @@ class Recorder:
             finally:
                 self._depth -= 1
 
-        setattr(obj, name, recorded)
+        return recorded
+
+
+class RecordingProxy:
+    """Stands in for an object (e.g. the compiled ``PoolMirror``, whose instances take no new
+    attribute): logs the calls of ``names`` through ``recorder``, passes everything else on."""
+
+    def __init__(self, recorder: Recorder, inner: Any, names: tuple[str, ...]) -> None:
+        object.__setattr__(self, "_proxy", (recorder, inner, names))
+
+    def __getattr__(self, name: str) -> Any:
+        recorder, inner, names = object.__getattribute__(self, "_proxy")
+        attr = getattr(inner, name)
+        return recorder.wrapped(attr, name) if name in names else attr
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(object.__getattribute__(self, "_proxy")[1], name, value)
 
 
 def record(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any], int]:
@@ -100,9 +116,9 @@ def record(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any], int]:
     recorder = Recorder()
     # the state before the first request (no page is cached, the pool's in-use set as now)
     recorder.log.append(("use_free_events", (sorted(mirror._used),), None))
-    for name in MIRROR_CALLS:
-        recorder.wrap(mirror, name)
-    recorder.wrap(feed, "started")
+    # the adapter reaches the mirror as pool._hy_mirror: the proxy sees every call it makes
+    pool._hy_mirror = RecordingProxy(recorder, mirror, MIRROR_CALLS)
+    pool.hy_feed = RecordingProxy(recorder, feed, ("started",))
     if mirror.lookahead is not None:  # the waiting requests' paths, as the mirror got them
         waiting = mirror.lookahead
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Hashable
+from typing import ClassVar
 
 from vllm_hybrid.core.cost import CostModel
 from vllm_hybrid.core.ghosts import GhostBalance
@@ -70,7 +71,7 @@ def _segment(node: Node, host: HostTier | None = None) -> tuple[int, int]:
 class _Base:
     """Defaults: never evict, no snapshots. Subclasses override what they model."""
 
-    name = "base"
+    name: ClassVar[str] = "base"
 
     def __init__(self, cost: CostModel) -> None:
         self.cost = cost
@@ -114,7 +115,7 @@ def all_positions(ctx: AdmitContext) -> list[int]:
 class InfinitePolicy(_Base):
     """Reference: a snapshot at every block boundary and exact end; with an unbounded budget."""
 
-    name = "infinite"
+    name: ClassVar[str] = "infinite"
 
     def snapshot_positions(self, ctx: AdmitContext) -> list[int]:
         return all_positions(ctx)
@@ -123,7 +124,7 @@ class InfinitePolicy(_Base):
 class VllmPolicy(_Base):
     """vLLM 0.32 align mode (``prefix_cache_retention_interval=0``), per-block LRU."""
 
-    name = "vllm"
+    name: ClassVar[str] = "vllm"
 
     def kv_priority(self, node: Node, now: int) -> float | None:
         # One free queue: least recently freed first; a request frees its tail first.
@@ -146,7 +147,7 @@ class VllmPolicy(_Base):
 class LruDensePolicy(VllmPolicy):
     """vLLM's dense mode (no retention interval): a state at every block boundary, LRU."""
 
-    name = "lru-dense"
+    name: ClassVar[str] = "lru-dense"
 
     def snapshot_positions(self, ctx: AdmitContext) -> list[int]:
         b = ctx.block_tokens
@@ -156,7 +157,7 @@ class LruDensePolicy(VllmPolicy):
 class SglangPolicy(_Base):
     """SGLang MambaRadixCache: states at exact sequence ends; LRU over states and KV leaves."""
 
-    name = "sglang"
+    name: ClassVar[str] = "sglang"
 
     def kv_priority(self, node: Node, now: int) -> float | None:
         return float(node.last_access) if node.is_leaf else None
@@ -171,7 +172,7 @@ class SglangPolicy(_Base):
 class MarconiPolicy(_Base):
     """Marconi: branch-point + end-of-turn states; utility = recency + alpha * FLOPs/byte."""
 
-    name = "marconi"
+    name: ClassVar[str] = "marconi"
 
     def __init__(self, cost: CostModel, alpha: float = 1.0, window: int = 500) -> None:
         super().__init__(cost)
@@ -219,7 +220,7 @@ class FlopPolicy(_Base):
     next snapshot above.
     """
 
-    name = "flop"
+    name: ClassVar[str] = "flop"
 
     def __init__(self, cost: CostModel, overhead: float = 0.25) -> None:
         super().__init__(cost)
@@ -393,7 +394,7 @@ class BeladyPolicy(_Base):
     """Clairvoyant reference: snapshots only where a later request will resume, and evict what
     is used farthest in the future (never-used first). Not an exact optimum for prefix trees."""
 
-    name = "belady"
+    name: ClassVar[str] = "belady"
 
     def __init__(self, cost: CostModel, oracle: BeladyOracle) -> None:
         super().__init__(cost)
