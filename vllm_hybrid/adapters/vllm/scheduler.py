@@ -50,6 +50,7 @@ from vllm_hybrid.adapters.vllm.config import engine_cost_model, load_config
 from vllm_hybrid.adapters.vllm.metrics import FIELD, attach_hybrid_stats, block_bytes
 from vllm_hybrid.adapters.vllm.plugin import share_vllm_logging
 from vllm_hybrid.adapters.vllm.version import check_vllm_version
+from vllm_hybrid.core import _native
 from vllm_hybrid.core.config import periodic_interval
 from vllm_hybrid.core.feed import RequestFeed
 from vllm_hybrid.core.policies import POLICIES
@@ -129,13 +130,15 @@ def activate(scheduler: Any) -> HybridBlockPool | None:
         attach_host_tier(scheduler, hybrid, config)
     logger.info(
         "vllm-hybrid: %s policy on %d blocks of %d tokens (attention groups %s, Mamba %s), "
-        "periodic snapshots: %s",
+        "periodic snapshots: %s; core %s%s",
         policy.name,
         pool.num_gpu_blocks,
         block_tokens,
         kv,
         state,
         coordinator.retention_interval,
+        _native.MODE,  # compiled (scripts/build_core.py) or the Python sources
+        f" ({_native.REASON})" if _native.REASON else "",
     )
     return hybrid
 
