@@ -9,10 +9,15 @@ it saves).
 
 A compiled copy is used only while it matches its sources: the build writes a manifest of
 their SHA-256, and this module (imported by ``vllm_hybrid/core/__init__.py``, before any of
-them) puts a finder first on ``sys.meta_path`` that loads all of them from source when any
-source differs from the manifest (after an edit: rebuild, or live with the slower copy), or
+them) puts a finder first on ``sys.meta_path`` that loads every core module from its source
+when a source differs from the manifest (after an edit: rebuild, or live with the slower
+copy), when a compiled module the build does not list is present (left by an older build), or
 when ``VLLM_HYBRID_PURE_PYTHON=1``. All or none: the compiled modules call each other
 natively, so one stale module takes the others back to source with it.
+
+Compiled classes take no new attribute on an instance and no Python subclass (instantiating
+one raises ``TypeError: interpreted classes cannot inherit from compiled``): experiments that
+patch or subclass the core run with ``VLLM_HYBRID_PURE_PYTHON=1``.
 """
 
 from __future__ import annotations
