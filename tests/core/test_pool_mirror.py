@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import copy
 import heapq
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_hybrid.core import _native
 from vllm_hybrid.core.cost import CostModel
 from vllm_hybrid.core.layers import AttentionLayers, Mamba2Layers
 from vllm_hybrid.core.node import Node
@@ -337,21 +335,15 @@ def test_the_lookahead_never_frees_fewer_pages() -> None:
 
 
 # ---------------------------------------------------------------- incremental vs from scratch
-#: The reference deep-copies the policy, which a compiled policy does not allow (mypyc's
-#: native classes); under the compiled core these run in test_native's pure-Python pass, and
-#: test_native checks that the compiled core picks the same victims as the sources.
-NEEDS_COPY = pytest.mark.skipif(
-    _native.MODE == "compiled", reason="deep-copies the policy (run by tests/core/test_native.py)"
-)
-
-
 def reference_pick(mirror: PoolMirror, n_pages: int, is_free, spare_only: bool = False) -> list:
     """The pre-incremental ``pick_victims`` (rebuild the live trie and a heap from every entry
     at every call), on copies of the nodes, with the incremental heap's tie-break (priority,
-    end, entry serial, kind). Nothing in ``mirror`` or its policy is changed."""
+    end, entry serial, kind). Nothing in ``mirror`` or its policy is changed: it ranks with a
+    fresh policy of the same class, the same for the policies in ``EXACT`` (no state of their
+    own; a compiled policy cannot be deep-copied)."""
     if n_pages <= 0:
         return []
-    policy, b = copy.deepcopy(mirror.policy), mirror.block_tokens
+    b = mirror.block_tokens
     root = Node(None, None, 0, 0, 0)
     live: dict = {}
     entries = mirror._entries
@@ -386,6 +378,8 @@ def reference_pick(mirror: PoolMirror, n_pages: int, is_free, spare_only: bool =
     out = sorted({p for p, _, _ in spare if all((p, k, g) in spare for k, g in held[p])})
     if spare_only:
         return out
+    assert mirror.policy.name in EXACT, "the reference ranks like the mirror for EXACT only"
+    policy = type(mirror.policy)(mirror.policy.cost)
     taken = set(out)
     heap: list = []
 
@@ -475,7 +469,6 @@ OPS2 = st.lists(
 )
 
 
-@NEEDS_COPY
 @settings(max_examples=200, deadline=None)
 @given(OPS2, st.sampled_from(EXACT))
 def test_incremental_equals_from_scratch(ops: list, policy: str) -> None:
@@ -495,7 +488,6 @@ def test_incremental_equals_from_scratch(ops: list, policy: str) -> None:
         mirror.check_integrity(pool.is_free)
 
 
-@NEEDS_COPY
 @settings(max_examples=150, deadline=None)
 @given(OPS2, st.sampled_from(sorted(POLICIES)), st.booleans())
 def test_victims_follow_the_rules_in_both_modes(ops: list, policy: str, events: bool) -> None:

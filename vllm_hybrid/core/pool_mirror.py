@@ -60,7 +60,8 @@ Invariants (asserted by :meth:`check_integrity`):
    (entries not live), ``_dups`` ((key, group) with two pages or more), ``used``/``used_state``,
    ``_by_serial``, ``_n_live``, ``_n_free`` and ``_n_free_state`` match their definitions.
 6. Every evictable unit (KV: live, ``refs == 0``; snapshot: ``has_snapshot``, no state page in
-   use) whose priority is not None has a heap item of its node's current version, or is dirty.
+   use) whose priority is not None has a heap item of its node's current version, or is dirty;
+   a free snapshot on a path not in use that neither priority ranks is in ``_unranked``.
 7. In events mode ``_used`` holds exactly the pages in use; in callback mode it holds cached
    pages only, and every cached page outside it is free (checked when ``is_free`` is given).
 8. With a snapshot budget, once the engine has enforced it (:meth:`pick_snapshot_victims` at
@@ -198,6 +199,9 @@ class PoolMirror:
         self._dups: set[PageKey] = set()
         self._dirty: dict[int, _Entry] = {}  # serial -> entry to re-rank before the next pop
         self._heap: list[_Item] = []
+        #: serials of free snapshots no unit ranks (both priorities None, path not in use), as
+        #: of their last ranking: what the snapshot budget's last resort looks at
+        self._unranked: set[int] = set()
         self._victims: dict[int, list[PageKey]] = {}  # last pick's victims -> what they held
         self._n_live = self._n_free = self._n_free_state = 0
         self._wanted = None
@@ -715,6 +719,7 @@ class PoolMirror:
             del self._kids[entry.parent_key]
         self._dead.discard(key)
         self._dirty.pop(entry.serial, None)
+        self._unranked.discard(entry.serial)
         del self._by_serial[entry.serial]
         if self.on_entry_deleted is not None:
             self.on_entry_deleted(key)
@@ -734,18 +739,25 @@ class PoolMirror:
         self._dirty = {}
         heap, now, push = self._heap, self.now, heapq.heappush
         kv_priority, snapshot_priority = self.policy.kv_priority, self.policy.snapshot_priority
+        unranked = self._unranked
         for serial, entry in dirty.items():  # KV before snapshot, entries in marking order
             if not entry.live:
                 continue
             node = entry.node
+            kv_prio = None
             if node.refs == 0:
-                prio = kv_priority(node, now)
-                if prio is not None:
-                    push(heap, (prio, node.end_tokens, serial, _KV, node.version))
+                kv_prio = kv_priority(node, now)
+                if kv_prio is not None:
+                    push(heap, (kv_prio, node.end_tokens, serial, _KV, node.version))
             if node.has_snapshot and entry.used_state == 0:
                 prio = snapshot_priority(node, now)
                 if prio is not None:
                     push(heap, (prio, node.end_tokens, serial, _SNAP, node.version))
+                elif node.refs == 0 and kv_prio is None:
+                    unranked.add(serial)
+                    continue
+            if unranked:
+                unranked.discard(serial)
         if len(heap) > 4 * (self._n_live + 1024):  # compact: drop the stale items
             by_serial = self._by_serial
             self._heap = [i for i in heap if self._valid(i, by_serial.get(i[2]))]
@@ -825,12 +837,13 @@ class PoolMirror:
         """The budget's last resort, when the policy's units cannot meet it: it keeps some
         free states unranked (``marconi`` keeps branch points; a state with children goes
         with no KV unit either). Their snapshot units go, least recently used first (then
-        shallowest, then oldest entry), on paths not in use, until the target is met. O(entries):
-        only policies that leave states unranked get here."""
+        shallowest, then oldest entry), on paths not in use, until the target is met.
+        O(states left unranked at their last ranking): the ones still so are re-checked."""
         taken = set(out)
+        by_serial = self._by_serial
         order = sorted(
             (e.node.snap_access, e.node.end_tokens, e.serial, e)
-            for e in self._entries.values()
+            for e in map(by_serial.__getitem__, self._unranked)
             if e.live and e.node.has_snapshot and e.used_state == 0 and not e.node.refs
         )
         for _, _, serial, entry in order:
@@ -1047,3 +1060,5 @@ class PoolMirror:
             if node.has_snapshot and entry.used_state == 0 and (_SNAP, entry.serial) not in queued:
                 prio = self.policy.snapshot_priority(node, self.now)
                 assert prio is None, f"inv 6: snapshot {node!r}"
+                if node.refs == 0 and (_KV, entry.serial) not in queued:
+                    assert entry.serial in self._unranked, f"inv 6: unranked {node!r}"
