@@ -112,13 +112,13 @@ def record(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any], int]:
 
     sched, hash_block_size = bench_scheduler.build_scheduler(args.configs, args)
     pool = sched.hybrid_pool
-    mirror, feed = pool._hy_mirror, pool.hy_feed
+    mirror, feed = pool.hybrid.mirror, pool.hybrid.feed
     recorder = Recorder()
     # the state before the first request (no page is cached, the pool's in-use set as now)
     recorder.log.append(("use_free_events", (sorted(mirror._used),), None))
-    # the adapter reaches the mirror as pool._hy_mirror: the proxy sees every call it makes
-    pool._hy_mirror = RecordingProxy(recorder, mirror, MIRROR_CALLS)
-    pool.hy_feed = RecordingProxy(recorder, feed, ("started",))
+    # the adapter reaches the mirror as pool.hybrid.mirror: the proxy sees every call it makes
+    pool.hybrid.mirror = RecordingProxy(recorder, mirror, MIRROR_CALLS)
+    pool.hybrid.feed = RecordingProxy(recorder, feed, ("started",))
     if mirror.lookahead is not None:  # the waiting requests' paths, as the mirror got them
         waiting = mirror.lookahead
 

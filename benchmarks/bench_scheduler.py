@@ -265,7 +265,7 @@ def step(run: Run, work: Workload, n: int, timed: bool) -> None:
     pool = getattr(sched, "hybrid_pool", None)
     if work.args.check and pool is not None:  # correctness run: O(pool) checks, untimed
         pool.hy_check_integrity()
-        pool._hy_mirror.check_integrity(pool._hy_is_free)
+        pool.hybrid.mirror.check_integrity(pool._hy_is_free)
     if timed:
         run.step_s.append((t1 - t0) + (t3 - t2))
         run.evicted.append(run.evict_count - before)
@@ -298,9 +298,9 @@ def summary(run: Run, args: argparse.Namespace) -> dict[str, Any]:
         "free_blocks_end": pool.get_num_free_blocks(),
     }
     if run.name != "stock":  # a HybridScheduler
-        row["policy_pages"] = pool.hy_policy_pages
-        row["fallback_pages"] = pool.hy_fallback_pages
-        row["evict_calls"] = pool.hy_evict_calls
+        row["policy_pages"] = pool.hybrid.policy_pages
+        row["fallback_pages"] = pool.hybrid.fallback_pages
+        row["evict_calls"] = pool.hybrid.evict_calls
     return row
 
 

@@ -118,12 +118,12 @@ def test_hybrid_async_mixed_workload(model_dir: Path, policy: str) -> None:
     loop = run(model_dir, MIXED, "hybrid", policy=policy)
     sched = loop.sched
     pool = sched.hybrid_pool
-    assert pool is not None and pool.hy_debug
+    assert pool is not None and pool.hybrid.debug
     seen = exercised(loop, MIXED)
     assert seen["hits"] >= 5 and seen["salted_hits"] >= 1, seen
     assert seen["preemptions"] >= 3 and seen["aborted_in_flight"] >= 2, seen
     assert seen["chunked"] >= 10, seen
-    assert pool.hy_evict_calls > 0  # the pool was full: the policy picked victims
+    assert pool.hybrid.evict_calls > 0  # the pool was full: the policy picked victims
     # the scheduler's own debug checks (schedule + update_from_output) and the harness's
     assert sched.hybrid_checks >= 2 * loop.steps - 2
     assert loop.hybrid_checks >= sched.hybrid_checks

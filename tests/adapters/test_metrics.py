@@ -36,7 +36,7 @@ def test_pages_cached_and_evicted_by_kind() -> None:
     pool = make_pool(n_blocks=12)
     a, b = request("a", 3), request("b", 3)
     run_request(pool, a, snap_at=3)  # 3 KV pages + 1 kept snapshot (2 transient state pages)
-    pool._hy_mirror.tick()
+    pool.hybrid.mirror.tick()
     run_request(pool, b, snap_at=3)
     t = totals(pool)
     assert (t["kv_pages_cached"], t["snapshot_pages_cached"]) == (6, 2)
@@ -75,7 +75,7 @@ def test_bytes_gauges_use_the_pool_page_size() -> None:
         kv_cache_tensors=[SimpleNamespace(size=12 * 8192), SimpleNamespace(size=12 * 8192)],
         num_blocks=12,
     )
-    pool.hy_block_bytes = metrics.block_bytes(config)
+    pool.hybrid.block_bytes = metrics.block_bytes(config)
     t = totals(pool)
     assert (t["kv_bytes"], t["snapshot_bytes"]) == (2 * 8192, 8192)
 
@@ -83,7 +83,7 @@ def test_bytes_gauges_use_the_pool_page_size() -> None:
 def test_one_debug_line_per_eviction_batch(caplog: pytest.LogCaptureFixture) -> None:
     pool = make_pool(n_blocks=12)
     run_request(pool, request("a", 3), snap_at=3)
-    pool._hy_mirror.tick()
+    pool.hybrid.mirror.tick()
     run_request(pool, request("b", 3), snap_at=3)
     with caplog.at_level(logging.DEBUG, logger="vllm_hybrid"):
         pool.get_new_blocks(4)

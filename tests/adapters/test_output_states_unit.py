@@ -1,4 +1,4 @@
-"""``cache_control.OutputStates``' stand-in for ``KVCacheCoordinator.cache_blocks``.
+"""``output_states.OutputStates``' stand-in for ``KVCacheCoordinator.cache_blocks``.
 
 Off a block boundary past the prompt, the wrapper installed on the coordinator does what
 vLLM 0.32.0's ``cache_blocks`` does itself (one Python frame fewer per call: vLLM calls it for

@@ -66,13 +66,13 @@ def test_victims_are_whole_units_and_lookup_stays_consistent() -> None:
     pool = make_pool(n_blocks=12)
     a, b = request("a", 3), request("b", 3)
     run_request(pool, a, snap_at=3)
-    pool._hy_mirror.tick()
+    pool.hybrid.mirror.tick()
     run_request(pool, b, snap_at=3)
     # 11 usable blocks: a and b hold 4 cached blocks each, 3 blocks are free and uncached
     assert pool.get_num_free_blocks() == 11
     got = pool.get_new_blocks(4)  # one more than the uncached ones
     pool.hy_check_integrity()
-    assert pool.hy_policy_pages >= 1 and pool.hy_fallback_pages == 0
+    assert pool.hybrid.policy_pages >= 1 and pool.hybrid.fallback_pages == 0
     # a whole leaf went with its snapshot: its KV and its state are both gone from vLLM's map
     gone = [r for r in (a, b) if not cached(pool, r, 2, KV)]
     assert len(gone) == 1 and not cached(pool, gone[0], 2, STATE)
@@ -106,7 +106,7 @@ def test_reset_and_move_keep_the_mirror_in_sync() -> None:
     pool.free_blocks([blocks["state"], fresh])
     assert pool.reset_prefix_cache()
     pool.hy_check_integrity()
-    assert len(pool._hy_mirror) == 0
+    assert len(pool.hybrid.mirror) == 0
 
 
 def test_settings_come_from_additional_config_over_the_environment(monkeypatch) -> None:
@@ -182,7 +182,7 @@ def test_fallback_takes_cached_blocks_in_vllms_lru_order() -> None:
         got = [b.block_id for b in ours.get_new_blocks(n)]
         assert got == [b.block_id for b in stock.get_new_blocks(n)]
         ours.hy_check_integrity()
-    assert ours.hy_fallback_pages == 4 and ours.hy_policy_pages == 0
+    assert ours.hybrid.fallback_pages == 4 and ours.hybrid.policy_pages == 0
 
 
 def test_snapshot_budget_drops_states_at_release_and_vllms_map_follows(caplog) -> None:
@@ -192,16 +192,16 @@ def test_snapshot_budget_drops_states_at_release_and_vllms_map_follows(caplog) -
     import logging
 
     pool = make_pool(n_blocks=16)
-    pool._hy_mirror.snapshot_budget_pages = 1
+    pool.hybrid.mirror.snapshot_budget_pages = 1
     a, b = request("a", 3), request("b", 3)
     run_request(pool, a, snap_at=3)
-    assert pool.hy_budget_pages == 0 and cached(pool, a, 2, STATE)
-    pool._hy_mirror.tick()
+    assert pool.hybrid.budget_pages == 0 and cached(pool, a, 2, STATE)
+    pool.hybrid.mirror.tick()
     with caplog.at_level(logging.DEBUG, logger="vllm_hybrid"):
         run_request(pool, b, snap_at=3)  # checks integrity, budget included
-    assert pool._hy_mirror.free_state_pages() == 1
+    assert pool.hybrid.mirror.free_state_pages() == 1
     assert cached(pool, b, 2, STATE) and not cached(pool, a, 2, STATE)
-    assert pool.hy_budget_pages >= 1 and pool.hy_policy_pages == 0
+    assert pool.hybrid.budget_pages >= 1 and pool.hybrid.policy_pages == 0
     lines = [r.getMessage() for r in caplog.records if "snapshot budget" in r.getMessage()]
     assert lines and "over 1" in lines[0]
 
@@ -213,23 +213,24 @@ def test_waiting_requests_keep_what_they_would_hit() -> None:
     pool = make_pool(n_blocks=12, policy="vllm")
     a, b = request("a", 3), request("b", 3)
     run_request(pool, a, snap_at=3)
-    pool._hy_mirror.tick()
+    pool.hybrid.mirror.tick()
     run_request(pool, b, snap_at=3)
     # a waiting request with a's prompt and one more token: its hit may end on block 3
     waiting = SimpleNamespace(block_hashes=a.block_hashes + [BlockHash(b"z")], num_tokens=3 * B + 1)
     fake = SimpleNamespace(hybrid_pool=pool, waiting=[waiting])
-    pool._hy_mirror.lookahead = lambda: scheduler._HybridMixin._hy_waiting_paths(fake)
+    pool.hybrid.mirror.lookahead = lambda: scheduler._HybridMixin._hy_waiting_paths(fake)
     pool.get_new_blocks(4)
     pool.hy_check_integrity()
     assert all(cached(pool, a, i, KV) for i in range(3)) and cached(pool, a, 2, STATE)
     assert not cached(pool, b, 2, KV)
-    assert pool._hy_mirror.stats.wanted_units >= 1 and pool.hy_fallback_pages == 0
+    assert pool.hybrid.mirror.stats.wanted_units >= 1 and pool.hybrid.fallback_pages == 0
 
 
 def test_waiting_paths_are_keys_at_block_ends_up_to_the_last_token() -> None:
     """Hash blocks of half a block: every second hash; the block holding the last token (which
     vLLM always computes) is left out."""
-    pool = SimpleNamespace(_hy_mirror=SimpleNamespace(block_tokens=8), hash_block_size=4)
+    mirror = SimpleNamespace(block_tokens=8)
+    pool = SimpleNamespace(hybrid=SimpleNamespace(mirror=mirror), hash_block_size=4)
     hashes = [f"h{i}" for i in range(6)]  # 24 tokens
     reqs = [SimpleNamespace(block_hashes=hashes, num_tokens=n) for n in (24, 25, 7)]
     fake = SimpleNamespace(hybrid_pool=pool, waiting=reqs)

@@ -145,7 +145,7 @@ def test_out_of_room_between_prefill_chunks(model_root, reference):
     with cached_engine(model_root) as llm:
         sched = llm.llm_engine.engine_core.engine_core.scheduler
         pool, kvm = sched.hybrid_pool, sched.kv_cache_manager
-        assert pool is not None and pool.hy_debug
+        assert pool is not None and pool.hybrid.debug
         assert not llm.llm_engine.vllm_config.scheduler_config.scheduler_reserve_full_isl
         seen = {"evictions": 0, "evictions mid-prefill": 0, "no room mid-prefill": 0}
         seen.update({"preemptions": 0, "preemptions mid-prefill": 0})
@@ -156,9 +156,9 @@ def test_out_of_room_between_prefill_chunks(model_root, reference):
         allocate = kvm.allocate_slots
 
         def spy_allocate(request, *args, **kwargs):
-            calls, mid = pool.hy_evict_calls, mid_prefill(request)
+            calls, mid = pool.hybrid.evict_calls, mid_prefill(request)
             out = allocate(request, *args, **kwargs)
-            evicted = pool.hy_evict_calls > calls
+            evicted = pool.hybrid.evict_calls > calls
             seen["evictions"] += evicted
             seen["evictions mid-prefill"] += evicted and mid
             seen["no room mid-prefill"] += out is None and mid
@@ -174,12 +174,12 @@ def test_out_of_room_between_prefill_chunks(model_root, reference):
         kvm.allocate_slots, sched._preempt_request = spy_allocate, spy_preempt
         got, outs = run(llm, prompts)
 
-        print(f"\nmid-prefill pressure: {seen}, pages evicted {pool.hy_pages.evicted}")
+        print(f"\nmid-prefill pressure: {seen}, pages evicted {pool.hybrid.pages.evicted}")
         assert got == reference
         assert seen["evictions mid-prefill"] > 0, seen  # a chunk's blocks came from evicting
         assert seen["no room mid-prefill"] > 0, seen  # and a chunk found no room at all
         assert seen["preemptions mid-prefill"] > 0, seen  # a half-prefilled request preempted
-        assert pool.hy_pages.evicted[SNAPSHOT] > 0 and pool.hy_pages.evicted[KV] > 0
+        assert pool.hybrid.pages.evicted[SNAPSHOT] > 0 and pool.hybrid.pages.evicted[KV] > 0
         assert sum(o.num_cached_tokens for o in outs) > 0  # and the cache still served hits
         assert sched.hybrid_checks > 50  # integrity held at every step
 

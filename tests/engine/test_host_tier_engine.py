@@ -64,7 +64,7 @@ def test_host_promotes_keep_outputs(model_root) -> None:
         sched = llm.llm_engine.engine_core.engine_core.scheduler
         assert isinstance(sched.connector, HybridHostTierConnector)  # selected by the plugin
         pool = sched.hybrid_pool
-        host = pool.hy_host
+        host = pool.hybrid.host
         assert host is not None and host.num_slots == 12
         got, cached = run(llm)
         assert got == reference

@@ -63,11 +63,11 @@ def test_policy_eviction_keeps_outputs(policy, reference, model_root, monkeypatc
     with engine(model_dir, enable_prefix_caching=True, scheduler_cls=SCHED, **SMALL_POOL) as llm:
         sched = scheduler_of(llm)
         pool = sched.hybrid_pool
-        assert pool is not None and pool._hy_mirror.policy.name == policy
+        assert pool is not None and pool.hybrid.mirror.policy.name == policy
         outs = run_waves(llm, waves)
         assert [[o.outputs[0].token_ids for o in w] for w in outs] == reference
         assert sched.hybrid_checks > 10  # integrity held at every step
-        assert pool.hy_policy_pages > 0  # the policy chose victims
+        assert pool.hybrid.policy_pages > 0  # the policy chose victims
         assert sum(o.num_cached_tokens for w in outs for o in w) > 0  # and hits were served
 
 
@@ -115,4 +115,4 @@ def test_preemption_and_aborts_keep_outputs(model_root, monkeypatch):
         assert all(got[k] == reference[k] for k in got)
         assert preemptions, "the pool was meant to force preemption"
         assert sched.hybrid_checks > 50
-        assert sched.hybrid_pool.hy_policy_pages > 0
+        assert sched.hybrid_pool.hybrid.policy_pages > 0

@@ -34,7 +34,7 @@ def test_lookahead_keeps_outputs_and_passes_units_over(model_root) -> None:
     ) as llm:
         sched = llm.llm_engine.engine_core.engine_core.scheduler
         pool = sched.hybrid_pool
-        mirror = pool._hy_mirror
+        mirror = pool.hybrid.mirror
         assert mirror.lookahead is not None  # set by the scheduler
         refreshes: list[int] = []
 
@@ -46,13 +46,13 @@ def test_lookahead_keeps_outputs_and_passes_units_over(model_root) -> None:
             def __getattr__(self, name: str) -> object:
                 return getattr(mirror, name)
 
-        pool._hy_mirror = Counting()
+        pool.hybrid.mirror = Counting()
         schedules, schedule = [], sched.schedule
         sched.schedule = lambda *a, **k: (schedules.append(1), schedule(*a, **k))[1]  # type: ignore[method-assign]
         got, cached = run(llm)
         assert got == reference
         assert cached > 0
-        assert pool._hy_mirror.stats.wanted_units > 0  # a waiting request's hit was kept
-        assert pool.hy_policy_pages > 0 and pool.hy_fallback_pages == 0
+        assert pool.hybrid.mirror.stats.wanted_units > 0  # a waiting request's hit was kept
+        assert pool.hybrid.policy_pages > 0 and pool.hybrid.fallback_pages == 0
         assert sched.hybrid_checks > 20
         assert len(schedules) > 10 and len(refreshes) == len(schedules)  # once per schedule()

@@ -52,7 +52,7 @@ def exported(name: str, model: str) -> float | None:
 
 
 def test_stats_path_matches_the_pool_and_vllms_counters(model_root, monkeypatch):
-    monkeypatch.setenv("VLLM_HYBRID_DEBUG", "1")  # also checks hy_pages against the mirror
+    monkeypatch.setenv("VLLM_HYBRID_DEBUG", "1")  # also checks the page counts against the mirror
     model_dir = tiny_model_dir("zamba2", model_root)
     with engine(
         model_dir, enable_prefix_caching=True, disable_log_stats=False, **SMALL_POOL
@@ -60,11 +60,11 @@ def test_stats_path_matches_the_pool_and_vllms_counters(model_root, monkeypatch)
         sched = scheduler_of(llm)
         pool = sched.hybrid_pool
         assert pool is not None, "the plugin selects our scheduler for a hybrid"
-        if not getattr(pool, "hy_block_bytes", 0):  # until activate() sets it
-            pool.hy_block_bytes = metrics.block_bytes(sched.kv_cache_config)
+        if not pool.hybrid.block_bytes:  # until activate() sets it
+            pool.hybrid.block_bytes = metrics.block_bytes(sched.kv_cache_config)
         groups = sched.kv_cache_config.kv_cache_groups
         pages = {g.kv_cache_spec.page_size_bytes * len(g.layer_names) for g in groups}
-        assert pages == {pool.hy_block_bytes}  # one page size: what a block id holds
+        assert pages == {pool.hybrid.block_bytes}  # one page size: what a block id holds
         exporter = metrics.HybridStatLogger(llm.llm_engine.vllm_config)
         vllm_side = VllmPrefixStats()
         llm.llm_engine.logger_manager.stat_loggers += [exporter, vllm_side]
@@ -72,14 +72,14 @@ def test_stats_path_matches_the_pool_and_vllms_counters(model_root, monkeypatch)
 
         totals = exporter.last[0]
         assert totals == metrics.hybrid_totals(pool)
-        counters = pool.hy_feed.counters
+        counters = pool.hybrid.feed.counters
         assert totals["requests"] == counters.requests == len(outs)
         assert totals["hit_tokens"] == counters.hit_tokens > 0
         assert totals["snapshot_hits"] + totals["snapshot_misses"] == len(outs)
-        assert totals["policy_evicted_pages"] == pool.hy_policy_pages > 0
+        assert totals["policy_evicted_pages"] == pool.hybrid.policy_pages > 0
         assert 0 < totals["prefill_flops_saved"] < totals["prefill_flops"]
         assert totals["kv_pages_evicted"] > 0
-        assert totals["kv_bytes"] == totals["kv_pages"] * pool.hy_block_bytes > 0
+        assert totals["kv_bytes"] == totals["kv_pages"] * pool.hybrid.block_bytes > 0
         for spec in METRICS:
             suffix = "_total" if spec.kind == "counter" else ""
             got = exported(spec.key + suffix, llm.llm_engine.model_config.served_model_name)

@@ -29,12 +29,12 @@ def test_snapshot_budget_holds_and_keeps_outputs(model_root) -> None:
     ) as llm:
         sched = llm.llm_engine.engine_core.engine_core.scheduler
         pool = sched.hybrid_pool
-        mirror = pool._hy_mirror
+        mirror = pool.hybrid.mirror
         assert mirror.snapshot_budget_pages == int(0.2 * pool.num_gpu_blocks) == 6
         got, cached = run(llm)
         assert got == reference
         assert cached > 0  # snapshots within the budget still serve hits
-        assert pool.hy_budget_pages > 0  # the budget evicted (and was checked at every step)
+        assert pool.hybrid.budget_pages > 0  # the budget evicted (and was checked at every step)
         assert sched.hybrid_checks > 20
         assert mirror.free_state_pages() <= 6
-        assert hybrid_totals(pool)["snapshot_budget_evicted_pages"] == pool.hy_budget_pages
+        assert hybrid_totals(pool)["snapshot_budget_evicted_pages"] == pool.hybrid.budget_pages

@@ -85,9 +85,11 @@ def evictions(llm: Any) -> dict[str, int]:
         pool = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.block_pool
     except AttributeError:
         return {}
-    names = ("policy_pages", "fallback_pages")
-    out = {n: int(getattr(pool, f"hy_{n}")) for n in names if hasattr(pool, f"hy_{n}")}
-    host = getattr(pool, "hy_host", None)
+    state = getattr(pool, "hybrid", None)  # adapters/vllm/state.py::HybridState
+    if state is None:
+        return {}
+    out = {"policy_pages": state.policy_pages, "fallback_pages": state.fallback_pages}
+    host = state.host
     if host is not None:  # the host tier (core/host_ledger.py): the /metrics counters
         from vllm_hybrid.adapters.vllm.metrics import host_totals
 

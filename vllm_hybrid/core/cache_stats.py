@@ -78,7 +78,7 @@ METRICS: tuple[MetricSpec, ...] = (
     _c("pins_refused", "Pins refused (over the limit, TTL too long, nothing cached)."),
     _c("pins_expired", "Pins released at the end of their TTL."),
     _c("breakpoint_stops", "Prefill chunks ended at a request's cache breakpoint."),
-    # End-of-output states (adapters/vllm/cache_control.py::OutputStates; docs/block_manager.md).
+    # End-of-output states (adapters/vllm/output_states.py::OutputStates; docs/block_manager.md).
     _c("output_states_kept", "States kept at the end of an answer (block boundary or exact end)."),
     _c("output_states_dropped", "Kept answer-end states dropped when the answer went on."),
     # The host tier (core/host_ledger.py; docs/host_tier.md); 0 while it is off.

@@ -533,39 +533,39 @@ class EngineLoop:
         self._wrap_lookup()
 
     def _wrap_lookup(self) -> None:
-        """Every prefix-cache hit's blocks must hold the request's block hashes right then."""
+        """Every prefix-cache hit's blocks must hold the request's block hashes right then
+        (``compat.observe_prefix_lookups``)."""
         from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+
+        from vllm_hybrid.adapters.vllm.compat.scheduler import observe_prefix_lookups
 
         manager = self.sched.kv_cache_manager
         pool = manager.block_pool
-        lookup = manager.get_computed_blocks
         b = self.worker.block
         step = b // pool.hash_block_size
 
-        def checked(request: Any) -> Any:
-            blocks, hit, *rest = lookup(request)
-            if hit > 0:
-                self.hits.append(Hit(request.request_id, hit))
-                for g, group_blocks in enumerate(blocks.blocks):
-                    for i, block in enumerate(group_blocks[: hit // b]):
-                        if block.is_null:
-                            assert self.worker.mamba[g], f"null attention block in a hit at {i}"
-                            continue
-                        key = make_block_hash_with_group_id(
-                            request.block_hashes[(i + 1) * step - 1], g
-                        )
-                        held = {
-                            block.block_hash,
-                            *pool.cached_block_hashes_by_block.get(block.block_id, ()),
-                        }
-                        assert key in held, (
-                            f"{request.request_id}: hit block {block.block_id} (group {g}, "
-                            f"index {i}) does not hold the request's block hash"
-                        )
-                        assert pool.cached_block_hash_to_block.contain(key, block.block_id)
-            return (blocks, hit, *rest)
+        def checked(request: Any, blocks: Any, hit: int) -> None:
+            if hit <= 0:
+                return
+            self.hits.append(Hit(request.request_id, hit))
+            for g, group_blocks in enumerate(blocks.blocks):
+                for i, block in enumerate(group_blocks[: hit // b]):
+                    if block.is_null:
+                        assert self.worker.mamba[g], f"null attention block in a hit at {i}"
+                        continue
+                    key = make_block_hash_with_group_id(request.block_hashes[(i + 1) * step - 1], g)
+                    held = {
+                        block.block_hash,
+                        *pool.cached_block_hashes_by_block.get(block.block_id, ()),
+                    }
+                    assert key in held, (
+                        f"{request.request_id}: hit block {block.block_id} (group {g}, "
+                        f"index {i}) does not hold the request's block hash"
+                    )
+                    assert pool.cached_block_hash_to_block.contain(key, block.block_id)
 
-        manager.get_computed_blocks = checked
+        if not observe_prefix_lookups(manager, checked):
+            raise RuntimeError("the scheduler harness needs vLLM 0.32.0")
 
     def add(self, spec: Spec) -> None:
         from vllm.sampling_params import SamplingParams

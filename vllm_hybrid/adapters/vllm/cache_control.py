@@ -1,7 +1,8 @@
 """Per-request cache control inside vLLM's engine core: breakpoints, pins, cache reports.
 
-Written against vLLM 0.32.0. The scheduler (``scheduler.py``) owns one :class:`CacheControl`
-when prefix caching is on, and calls it from four places:
+Written against vLLM 0.32.0. The scheduler (``scheduler.py``; the plugin picks it for
+attention + Mamba hybrids only) owns one :class:`CacheControl` when prefix caching is on, and
+calls it from four places (vLLM's private methods through ``compat.SchedulerHooks``):
 
 * ``Scheduler._get_local_prefix_cache_hit`` (``vllm/v1/core/sched/scheduler.py``): the
   request's prefix-cache lookup returns vLLM's ``shared_prefix_boundary``, the junction where
@@ -21,6 +22,12 @@ when prefix caching is on, and calls it from four places:
   OpenAI response (``kv_transfer_params`` field) and in ``RequestOutput.kv_transfer_params``.
 * every step: :meth:`expire` releases pins whose TTL passed (``BlockPool.free_blocks``).
 
+Cache reports compare a prompt with the prompts seen before (``core/cache_report.py``,
+``ReuseHistory``); that history exists only once a request asks for a report (the first
+reported request compares with nothing before it, later ones with the prompts started since,
+as far back as the history's bounds reach), so an engine whose requests never ask keeps no
+prompt at all.
+
 Pins hold one extra reference on each block through ``BlockPool.touch`` (``block_pool.py``), as
 a prefix hit does, so neither vLLM's LRU nor our policy can evict them; ``free_blocks`` gives
 it back. Logic and limits live in ``core/`` (``breakpoints.py``, ``pins.py``,
@@ -35,7 +42,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_hybrid.adapters.vllm.version import check_vllm_version
+from vllm_hybrid.adapters.vllm.compat.scheduler import enable_exact_stops
+from vllm_hybrid.adapters.vllm.config import is_full_attention
 from vllm_hybrid.core.breakpoints import (
     CacheOptionError,
     CacheOptions,
@@ -62,53 +70,6 @@ class _Request:
     report: dict[str, Any] | None = None
 
 
-def exact_stops(scheduler: Any) -> bool:
-    """Turn on sub-block breakpoint states where vLLM can cache them; True if it did.
-
-    vLLM 0.32 caches a Mamba state inside a block only at a prefix-match-unit (``U``)
-    boundary, through ``MambaManager._cache_partial_tail_block``
-    (``vllm/v1/core/single_type_kv_cache_manager.py``): at the prompt's tail, and, when the
-    manager's ``shared_prefix_checkpoint`` is set, at a chunk end equal to the request's
-    ``shared_prefix_boundary``. The state block is registered under the partial hash
-    (``BlockPool.cache_partial_block``) and copied on write before the next chunk overwrites
-    it (``MambaManager.allocate_new_blocks``). vLLM sets that flag only for EAGLE
-    (``KVCacheManager.__init__``: ``mamba_shared_prefix_checkpoint``); nothing in the
-    manager's path depends on EAGLE, so we set it on each Mamba manager when the scheduler
-    takes sub-block hits (``Scheduler.mamba_partial_cache_hit``: align mode, ``U`` below the
-    block, partial hash hits on) and no MTP re-prefill tail shifts ``cache_blocks``'s token
-    count (``num_reprefillable_tokens``, vLLM's own condition). The scheduler then ends a
-    chunk exactly at our stops (``HybridScheduler._mamba_block_aligned_split``); stops are
-    ``U``-floored (:meth:`CacheControl.on_lookup`), so the manager always accepts them.
-    A junction of vLLM's own that is not ours is still ended block-floored by vLLM, where the
-    flag changes nothing (the chunk end equals the junction only on a block boundary, whose
-    state vLLM keeps anyway)."""
-    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
-
-    if not check_vllm_version("sub-block breakpoint states"):
-        return False
-    coordinator = scheduler.kv_cache_manager.coordinator
-    if not getattr(scheduler, "mamba_partial_cache_hit", False):
-        return False
-    if getattr(coordinator, "num_reprefillable_tokens", 0) != 0:
-        return False
-    managers = [m for m in coordinator.single_type_managers if isinstance(m, MambaManager)]
-    if not managers or not all(hasattr(m, "shared_prefix_checkpoint") for m in managers):
-        return False
-    # The attention side gets its partial entries from us (CacheControl._add_kv_partials),
-    # which is right only for append-only full-attention KV.
-    others = [m for m in coordinator.single_type_managers if not isinstance(m, MambaManager)]
-    if not others or not all(map(_is_full_attention, others)):
-        return False
-    for manager in managers:
-        manager.shared_prefix_checkpoint = True
-    return True
-
-
-def _is_full_attention(manager: Any) -> bool:
-    """vLLM's ``FullAttentionManager`` (by name: the append-only KV our partial entries suit)."""
-    return type(manager).__name__ == "FullAttentionManager"
-
-
 @dataclass
 class _KVPartial:
     """A sub-block stop's partial KV entry (:meth:`CacheControl._add_kv_partials`)."""
@@ -132,14 +93,16 @@ class CacheControl:
         self.ledger = PinLedger.for_pool(
             pool.num_gpu_blocks, config.max_pinned_fraction, config.max_pin_ttl_s
         )
-        self.history = ReuseHistory(self.block_tokens)
+        #: Prompts seen, for the reports: created by the first request that asks for one.
+        self.history: ReuseHistory | None = None
         #: Where breakpoint states can be cached: every ``stop_tokens`` tokens (the prefix match
-        #: unit when sub-block stops are available, else the block; see :func:`exact_stops`).
-        self.stop_tokens = self.hash_tokens if exact_stops(scheduler) else self.block_tokens
+        #: unit when sub-block stops are available, else the block; see
+        #: ``compat.enable_exact_stops``).
+        self.stop_tokens = self.hash_tokens if enable_exact_stops(scheduler) else self.block_tokens
         self.requests: dict[str, _Request] = {}
         self._stopping: set[str] = set()  # ids of requests with breakpoint stops pending
         #: Ids of the requests whose ``shared_prefix_boundary`` is one of our sub-block stops,
-        #: to be ended at exactly (``HybridScheduler._mamba_block_aligned_split``, which asks
+        #: to be ended at exactly (``compat.SchedulerHooks``, on vLLM's chunk split, which asks
         #: for every running request at every step): the pending set itself, or empty for good
         #: when stops are block-floored.
         self.exact_stop_ids: set[str] | frozenset[str] = (
@@ -147,7 +110,7 @@ class CacheControl:
         )
         self._kv_partials: list[_KVPartial] = []  # sub-block KV entries to keep registered
         self._kv_managers = list(
-            filter(_is_full_attention, scheduler.kv_cache_manager.coordinator.single_type_managers)
+            filter(is_full_attention, scheduler.kv_cache_manager.coordinator.single_type_managers)
         )
         self.breakpoint_stops = 0  # breakpoints that moved a chunk end (metrics)
 
@@ -167,6 +130,8 @@ class CacheControl:
             if not options.any:
                 return None
             state = _Request(options)
+            if options.report and self.history is None:
+                self.history = ReuseHistory(self.block_tokens)
         self.requests[request.request_id] = state
         return state
 
@@ -183,8 +148,8 @@ class CacheControl:
         unit = self.stop_tokens
         if unit < self.block_tokens:
             # Sub-block stops: the stop is the floored position itself, which the manager
-            # compares exactly with the chunk end (see exact_stops); vLLM's junction is floored
-            # the same way (it is where a sibling would resume, at this granularity).
+            # compares exactly with the chunk end (compat.enable_exact_stops); vLLM's junction
+            # is floored the same way (it is where a sibling would resume, at this granularity).
             stops = {hit_position(p, unit) for p in state.applied}
             stops.add(hit_position(junction, unit))
             stops = {p for p in stops if p > hit_tokens}
@@ -278,14 +243,17 @@ class CacheControl:
         self._kv_partials = keep
 
     def _started(self, request: Any, hit_tokens: int) -> None:
+        history = self.history
+        if history is None:
+            return  # no request asked for a report yet: nothing to explain, nothing kept
         # Kept by reference (the history is lazy): vLLM never mutates Request.prompt_token_ids
         # (vllm/v1/request.py copies it into _all_token_ids for the outputs).
         tokens = request.prompt_token_ids or []
         state = self.requests.get(request.request_id)
         if state is not None and state.options.report:
             kv = max(hit_tokens, state.vllm_junction)
-            state.report = self.history.explain(tokens, request.cache_salt, hit_tokens, kv)
-        self.history.record(tokens, request.cache_salt)
+            state.report = history.explain(tokens, request.cache_salt, hit_tokens, kv)
+        history.record(tokens, request.cache_salt)
 
     # ------------------------------------------------------------------ finish and pins
     def on_finished(self, request: Any) -> dict[str, Any] | None:
@@ -362,275 +330,3 @@ class CacheControl:
             **self.ledger.totals(time.monotonic()),
             "breakpoint_stops": self.breakpoint_stops,
         }
-
-
-# ---------------------------------------------------------------------------------------------
-# End-of-output states (the state a next turn resumes from)
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class _OutputMark:
-    """The block-boundary state a decoding request kept last: a tentative end of its output."""
-
-    tokens: int
-    pages: list[tuple[Any, Any, Any]]  # (Mamba manager, block, its block_hash when kept)
-
-
-class OutputStates:
-    """Keep the recurrent state at the end of each request's output where the policy says so
-    (``core/policy.py::output_state_position``), so that the next turn of a conversation
-    (previous prompt + answer + new message) resumes from the end of the answer rather than
-    from the previous prompt's end. Written against vLLM 0.32.0, align-mode Mamba caching.
-
-    What vLLM keeps during decode (``vllm/v1/core/single_type_kv_cache_manager.py``): in align
-    mode the running state of a request whose computed length is ``n`` lives in its Mamba block
-    ``cdiv(n, B) - 1``, advanced in place by every decode step. When decode crosses a block
-    boundary ``k*B``, ``MambaManager.allocate_new_blocks`` gives the request block ``k`` and
-    records block ``k-1`` (``last_state_block_idx``), whose state the worker copies forward; so
-    block ``k-1`` keeps exactly the state at ``k*B``, and ``MambaManager.remove_skipped_blocks``
-    frees it a step later. Whether that freed block stays in the prefix cache is decided when
-    the step computing token ``k*B - 1`` is scheduled (``KVCacheManager.allocate_slots`` ->
-    ``KVCacheCoordinator.cache_blocks`` -> ``SingleTypeKVCacheManager.cache_blocks``): its hash
-    is registered only where ``MambaManager.reachable_block_mask`` says so: every block with no
-    retention interval (dense), the interval's multiples, and the ``replay_boundaries``
-    (``num_prompt_tokens - 1``) and ``shared_prefix_boundary`` positions. With the default
-    interval 0 no decode boundary is among them, so the state is freed unhashed: a next turn
-    resumes from the previous prompt's end. Attention KV blocks are all hashed (dense).
-
-    What this does:
-
-    * block boundaries (every ``B``): :meth:`_cache_boundary`, behind a wrapper of the
-      coordinator's ``cache_blocks`` (on the instance). At the step that completes block ``k-1``
-      past the prompt, it asks the policy whether the end of the output would be kept there; if
-      so it runs vLLM's ``KVCacheCoordinator.cache_blocks`` with ``k*B`` added to the replay
-      boundaries, so ``reachable_block_mask`` keeps that block's state as it keeps a prompt
-      end's. The boundary kept before is dropped (it is no longer the end; unless a retention
-      interval keeps it or another request holds it). At finish the last one stays: the
-      block-floor of the request's computed tokens.
-    * with ``U`` below the block (sub-block hits on, see :func:`exact_stops`):
-      :meth:`on_finished` registers the state at exactly the computed length ``E`` when ``E``
-      is a multiple of ``U`` (always at ``U = 1``): the running Mamba block of each group holds
-      the state at ``E`` once the last step ran, and the request is finishing, so no copy is
-      needed; it gets a partial prefix-cache key at ``E`` (``BlockPool.cache_partial_block``,
-      as vLLM's ``MambaManager._cache_partial_tail_block`` does for prompt tails), and so does
-      the attention block holding token ``E - 1``. The block-boundary state below it is then
-      dropped. Where ``E`` is not a multiple of ``U`` the state at ``floor(E / U) * U`` was
-      overwritten in place by decode; the block-boundary state stays.
-    """
-
-    def __init__(self, scheduler: Any, policy: Any, sub_block: bool) -> None:
-        from vllm.v1.core.single_type_kv_cache_manager import MambaManager
-
-        manager = scheduler.kv_cache_manager
-        self.policy = policy
-        self.pool = manager.block_pool
-        self.coordinator = manager.coordinator
-        self.block_tokens = int(scheduler.cache_config.block_size)
-        self.unit_tokens = int(self.pool.hash_block_size)
-        managers = self.coordinator.single_type_managers
-        self.mamba = [m for m in managers if isinstance(m, MambaManager)]
-        self.kv = list(filter(_is_full_attention, managers))
-        self.sub_block = sub_block and self.unit_tokens < self.block_tokens
-        self.marks: dict[str, _OutputMark] = {}
-        self.kept_boundaries = 0  # block-boundary output states kept (tentatively)
-        self.kept_exact = 0  # sub-block end states registered at finish
-        self.dropped = 0  # superseded boundary states dropped
-        #: (group id, manager) of the groups that cache, as ``cache_blocks`` visits them
-        self._caching = [
-            (group_id, manager)
-            for group_id, manager in enumerate(managers)
-            if manager.enable_caching
-        ]
-        coordinator, caching = self.coordinator, self._caching
-        cacheable = coordinator.get_num_cacheable_tokens
-        block, boundary = self.block_tokens, self._cache_boundary
-
-        def cache_blocks(request: Any, num_computed_tokens: int) -> None:
-            # vLLM calls this for every scheduled request at every step (256 calls a step at
-            # 256 running). Except at a block boundary past the prompt (_cache_boundary) it
-            # does what KVCacheCoordinator.cache_blocks does, here rather than by calling it:
-            # one Python frame per call fewer. replay_boundaries is (num_prompt_tokens - 1,)
-            # without EAGLE, which install() refuses (tests/adapters/test_output_states_unit).
-            prompt = request.num_prompt_tokens
-            if num_computed_tokens % block or num_computed_tokens <= prompt:
-                boundaries = (prompt - 1,)
-                interval = coordinator.retention_interval
-                for group_id, manager in caching:
-                    manager.cache_blocks(
-                        request,
-                        cacheable(num_computed_tokens, group_id),
-                        retention_interval=interval,
-                        replay_boundaries=boundaries,
-                    )
-            else:
-                boundary(request, num_computed_tokens)
-
-        coordinator.cache_blocks = cache_blocks  # instance attribute: one per engine
-
-    @classmethod
-    def install(cls, scheduler: Any, policy: Any, sub_block: bool) -> OutputStates | None:
-        """Install on ``scheduler`` where vLLM's decode state layout is the one described in
-        the class docstring: vLLM 0.32.0, every Mamba group in align mode, full-attention
-        groups otherwise, no speculative decoding (no EAGLE groups, draft or MTP tokens)."""
-        if not check_vllm_version("end-of-output states"):
-            return None
-        from vllm.v1.core.single_type_kv_cache_manager import MambaManager
-
-        coordinator = scheduler.kv_cache_manager.coordinator
-        managers = coordinator.single_type_managers
-        mamba = [m for m in managers if isinstance(m, MambaManager)]
-        if not mamba or any(getattr(m, "mamba_cache_mode", None) != "align" for m in mamba):
-            return None
-        if any(not isinstance(m, MambaManager) and not _is_full_attention(m) for m in managers):
-            return None
-        if (
-            getattr(coordinator, "eagle_group_ids", None)
-            or getattr(coordinator, "num_reprefillable_tokens", 0)
-            or getattr(scheduler, "num_spec_tokens", 0)
-            or any(getattr(m, "num_speculative_blocks", 0) for m in mamba)
-        ):
-            return None
-        return cls(scheduler, policy, sub_block)
-
-    # ------------------------------------------------------------------ block boundaries
-    def _cache_boundary(self, request: Any, n: int) -> None:
-        """``KVCacheCoordinator.cache_blocks`` (``vllm/v1/core/kv_cache_coordinator.py``) at a
-        block boundary ``n`` past the prompt (the wrapper installed in ``__init__`` sends only
-        those here), with ``n`` among the reachable boundaries when the policy keeps it."""
-        if request.num_computed_tokens >= n or not self._keeps(request, n):
-            self._cache_blocks_with(request, n)
-        else:
-            self._cache_blocks_with(request, n, n)
-            self._mark(request, n)
-
-    def _keeps(self, request: Any, tokens: int) -> bool:
-        from vllm_hybrid.core.policy import output_state_position
-
-        return (
-            output_state_position(
-                self.policy,
-                request.num_prompt_tokens,
-                tokens,
-                self.block_tokens,
-                self.unit_tokens,
-                hit_tokens=max(int(getattr(request, "num_cached_tokens", 0) or 0), 0),
-            )
-            == tokens
-        )
-
-    def _cache_blocks_with(self, request: Any, n: int, *extra: int) -> None:
-        """vLLM 0.32.0's ``KVCacheCoordinator.cache_blocks`` with the ``extra`` boundaries (no
-        EAGLE: its ``replay_boundaries`` is the prompt's last token). The wrapper installed in
-        ``__init__`` repeats this loop inline for its hot path (no extra boundary)."""
-        c = self.coordinator
-        boundaries = (request.num_prompt_tokens - 1, *extra)
-        for group_id, manager in self._caching:
-            manager.cache_blocks(
-                request,
-                c.get_num_cacheable_tokens(n, group_id),
-                retention_interval=c.retention_interval,
-                replay_boundaries=boundaries,
-            )
-
-    def _mark(self, request: Any, tokens: int) -> None:
-        index = tokens // self.block_tokens - 1
-        pages = []
-        for manager in self.mamba:
-            blocks = manager.req_to_blocks.get(request.request_id) or ()
-            if index < len(blocks) and not blocks[index].is_null:
-                block = blocks[index]
-                if block.block_hash is not None:
-                    pages.append((manager, block, block.block_hash))
-        if not pages:
-            return
-        previous = self.marks.get(request.request_id)
-        self.marks[request.request_id] = _OutputMark(tokens, pages)
-        self.kept_boundaries += 1
-        if previous is not None:
-            self._drop(request.request_id, previous)
-
-    def _retained_anyway(self, tokens: int) -> bool:
-        """Kept by vLLM's retention interval (``reachable_block_mask``): dense or a multiple."""
-        interval = self.coordinator.retention_interval
-        return interval is None or (interval > 0 and tokens % interval == 0)
-
-    def _drop(self, request_id: str, mark: _OutputMark) -> None:
-        """Forget a superseded end state (``BlockPool._maybe_evict_cached_block``, as vLLM's
-        ``MambaManager._cache_partial_tail_block`` does for a transient checkpoint), unless
-        vLLM's interval keeps it, its block was reused, or another request holds it."""
-        if self._retained_anyway(mark.tokens):
-            return
-        dropped = False
-        for manager, block, key in mark.pages:
-            if block.block_hash != key:
-                continue  # evicted (and maybe reused) since
-            own = manager.req_to_blocks.get(request_id) or ()
-            if block.ref_cnt == 0 or (block.ref_cnt == 1 and any(b is block for b in own)):
-                dropped |= bool(self.pool._maybe_evict_cached_block(block))
-        self.dropped += dropped
-
-    def _key_partial(self, request: Any, manager: Any, block: Any, end: int) -> None:
-        """Key ``block`` at ``end`` (``BlockPool.cache_partial_block``), keeping its shorter
-        keys: vLLM drops every key of a block whose primary key is shorter than the new one
-        (an attention block holding the prompt's tail or a breakpoint stop as well as the end
-        of the answer), so those found among the request's own keys are registered again,
-        after the longer one (as secondary keys they stay)."""
-        from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
-
-        group = manager.kv_cache_group_id
-        held = set(self.pool.cached_block_hashes_by_block.get(block.block_id, ()))
-        if block.block_hash is not None:
-            held.add(block.block_hash)
-        unit, hashes = self.unit_tokens, request.block_hashes
-        start = (end - 1) // self.block_tokens * self.block_tokens
-        earlier = [
-            t
-            for t in range(start + unit, end, unit)
-            if held and make_block_hash_with_group_id(hashes[t // unit - 1], group) in held
-        ]
-        for tokens in (end, *earlier):
-            self.pool.cache_partial_block(
-                request=request,
-                block=block,
-                num_tokens=tokens,
-                kv_cache_group_id=group,
-                block_size=self.block_tokens,
-            )
-
-    def totals(self) -> dict[str, float]:
-        """Counters for ``/metrics`` (``core/cache_stats.py``)."""
-        return {
-            "output_states_kept": self.kept_boundaries + self.kept_exact,
-            "output_states_dropped": self.dropped,
-        }
-
-    # ------------------------------------------------------------------ finish
-    def on_finished(self, request: Any) -> None:
-        """Called from ``Scheduler._free_request`` before vLLM frees the request's blocks."""
-        mark = self.marks.pop(request.request_id, None)
-        if not self.sub_block or int(getattr(request, "num_in_flight_tokens", 0) or 0):
-            return
-        end = int(request.num_computed_tokens)
-        b = self.block_tokens
-        if end <= request.num_prompt_tokens or end % b == 0 or end % self.unit_tokens:
-            return
-        if not self._keeps(request, end):
-            return
-        index = (end - 1) // b  # the running state block, and the KV block holding end - 1
-        pages = []
-        for state, groups in ((True, self.mamba), (False, self.kv)):
-            for manager in groups:
-                blocks = manager.req_to_blocks.get(request.request_id) or ()
-                if index >= len(blocks) or blocks[index].is_null:
-                    return
-                if state and blocks[index].block_hash is not None:
-                    return  # not an unkeyed running state block (never so in align mode)
-                pages.append((manager, blocks[index]))
-        if len(request.block_hashes) * self.unit_tokens < end:
-            return
-        for manager, block in pages:
-            self._key_partial(request, manager, block, end)
-        self.kept_exact += 1
-        if mark is not None:
-            self._drop(request.request_id, mark)

@@ -1,4 +1,5 @@
-"""Reading the hybrid cache's settings and costs out of vLLM's configuration (vLLM 0.32.0).
+"""Reading the hybrid cache's settings, costs and KV cache layout out of vLLM's configuration
+(vLLM 0.32.0).
 
 Settings travel in ``VllmConfig.additional_config["vllm_hybrid"]``, vLLM's field for settings of
 out-of-tree code (``vllm/config/vllm.py``); it reaches the engine core with the rest of the
@@ -37,6 +38,37 @@ def load_config(vllm_config: Any) -> HybridCacheConfig:
             f'additional_config["{SECTION}"] must be an object, got {type(section).__name__}'
         )
     return HybridCacheConfig.from_sources(section, os.environ)
+
+
+def hybrid_groups(kv_cache_config: Any) -> tuple[list[int], list[int], set[int]] | None:
+    """(full-attention group ids, Mamba group ids, block sizes) of a ``KVCacheConfig``
+    (``vllm/v1/kv_cache_interface.py``), or None if a group has any other spec (sliding
+    window, chunked local attention, cross attention, ...)."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+
+    kv, state, sizes = [], [], set()
+    for i, group in enumerate(kv_cache_config.kv_cache_groups):
+        spec = group.kv_cache_spec
+        if isinstance(spec, MambaSpec):
+            state.append(i)
+        elif isinstance(spec, FullAttentionSpec):
+            kv.append(i)
+        else:
+            return None
+        sizes.add(spec.block_size)
+    return kv, state, sizes
+
+
+def is_attention_mamba_hybrid(kv_cache_config: Any) -> bool:
+    """Full-attention and Mamba groups, at least one of each, and nothing else."""
+    groups = hybrid_groups(kv_cache_config)
+    return groups is not None and bool(groups[0]) and bool(groups[1])
+
+
+def is_full_attention(manager: Any) -> bool:
+    """vLLM's ``FullAttentionManager`` (``vllm/v1/core/single_type_kv_cache_manager.py``;
+    by name, not a subclass: the append-only KV that partial prefix-cache entries suit)."""
+    return type(manager).__name__ == "FullAttentionManager"
 
 
 def engine_cost_model(

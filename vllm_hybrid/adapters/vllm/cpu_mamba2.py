@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from vllm_hybrid.adapters.vllm.version import check_vllm_version
+from vllm_hybrid.adapters.vllm.compat.patches import replace_cpu_mamba2_ops
 from vllm_hybrid.ops import extension_available, prepare_dt, ssd_chunk_scan
 from vllm_hybrid.ops import store_prefill_checkpoint as _store_op
 
@@ -118,25 +118,19 @@ def store_prefill_checkpoint_cpu(
 
 
 def patch_cpu_mamba2_prefix_caching() -> bool:
-    """Install the two CPU functions into vLLM 0.32.0; idempotent. True when active."""
+    """Install the two CPU functions into vLLM 0.32.0 (``compat.replace_cpu_mamba2_ops``);
+    idempotent. True when active."""
     global _PATCHED
     if _PATCHED:
         return True
-    if not check_vllm_version("CPU prefix caching for Mamba2 hybrids"):
-        return False
     if not extension_available():
         logger.warning(
             "vllm-hybrid: compiled ops missing, Mamba2 prefix caching on CPU stays broken; "
             "build them with `bash scripts/install.sh`."
         )
         return False
-    import vllm.model_executor.layers.mamba.mamba_mixer2 as mixer2
-    import vllm.model_executor.layers.mamba.ops.ssd_combined as ssd_combined
-
-    # ssd_combined looks `_mamba_chunk_scan_combined_fwd` up at call time; mamba_mixer2 bound
-    # `store_prefill_checkpoint` by name at import, so it is replaced there.
-    ssd_combined._mamba_chunk_scan_combined_fwd = mamba_chunk_scan_combined_fwd_cpu
-    mixer2.store_prefill_checkpoint = store_prefill_checkpoint_cpu  # type: ignore[assignment]
+    if not replace_cpu_mamba2_ops(mamba_chunk_scan_combined_fwd_cpu, store_prefill_checkpoint_cpu):
+        return False
     _PATCHED = True
     logger.info("vllm-hybrid: CPU SSD scan with chunk states and prefill checkpoints active")
     return True

@@ -146,7 +146,10 @@ class HybridHostTierConnector(KVConnectorBase_V1, SupportsHMA):
         super().__init__(vllm_config, role, kv_cache_config)  # type: ignore[arg-type]
         if kv_cache_config is None:
             raise ValueError(f"{CONNECTOR_NAME} needs the KV cache config (vLLM >= 0.32)")
-        extra = self._kv_transfer_config.kv_connector_extra_config or {}
+        #: the engine's KV cache layout (kept here: the base class's copy is private)
+        self.layout: KVCacheConfig = kv_cache_config
+        transfer = vllm_config.kv_transfer_config  # the base class refuses None
+        extra = (transfer.kv_connector_extra_config if transfer is not None else None) or {}
         budget = int(extra.get(BYTES_KEY, 0))
         self.groups = mamba_groups(kv_cache_config)
         self.snapshot_bytes = snapshot_bytes(kv_cache_config)
@@ -184,11 +187,10 @@ class HybridHostTierConnector(KVConnectorBase_V1, SupportsHMA):
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         if self.num_slots <= 0:
             return
-        assert self._kv_cache_config is not None
-        from vllm_hybrid.adapters.vllm.plugin import share_vllm_logging
+        from vllm_hybrid.adapters.vllm.logs import share_vllm_logging
 
         share_vllm_logging()  # a worker logs before any scheduler ran this
-        self.buffer = HostStateBuffer(kv_caches, self._kv_cache_config, self.groups, self.num_slots)
+        self.buffer = HostStateBuffer(kv_caches, self.layout, self.groups, self.num_slots)
         logger.info(
             "vllm-hybrid: host tier: %d snapshot slots, %.1f MB of host memory",
             self.num_slots,
@@ -246,10 +248,10 @@ def attach_host_tier(scheduler: Any, pool: Any, config: Any) -> HostLedger | Non
             connector.snapshot_bytes,
         )
         return None
-    ledger = HostLedger(pool._hy_mirror, connector.num_slots, connector.snapshot_bytes)
+    ledger = HostLedger(pool.hybrid.mirror, connector.num_slots, connector.snapshot_bytes)
     if ledger.state_groups != connector.groups:
         raise RuntimeError(f"Mamba groups differ: {ledger.state_groups} != {connector.groups}")
-    pool.hy_host = ledger
+    pool.hybrid.host = ledger
     connector.ledger = ledger
     logger.info(
         "vllm-hybrid: host tier: %d snapshot slots of %d bytes",

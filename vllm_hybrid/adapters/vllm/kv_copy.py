@@ -26,21 +26,18 @@ on every platform (``plugin.register``). It has run on CPU only; see docs/servin
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 
-from vllm_hybrid.adapters.vllm.version import check_vllm_version
+from vllm_hybrid.adapters.vllm.compat.patches import replace_kv_block_copy
 
 logger = logging.getLogger("vllm_hybrid")
 
 _PATCHED = False
 #: vLLM's own ``copy_kv_cache_blocks_inplace``, kept once replaced (tests check it still errs).
 VLLM_KV_CACHE_BLOCK_COPY: Any = None
-#: Runner modules that bind ``copy_kv_cache_blocks_inplace`` by name at import.
-RUNNER_MODULES = ("vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.model_runner")
 
 
 def copy_kv_cache_blocks_every_view(
@@ -128,22 +125,17 @@ def patch_kv_cache_block_copies() -> bool:
     """Make the worker copy partial-hit CoW blocks through every KV cache view; idempotent.
 
     Replaces ``copy_kv_cache_blocks_inplace`` in ``vllm.v1.worker.utils`` (runner modules
-    imported later bind ours) and in any runner module already imported. Only on the pinned
-    vLLM release; True when active. Device-agnostic: installed on every platform.
+    imported later bind ours) and in any runner module already imported
+    (``compat.replace_kv_block_copy``). Only on the pinned vLLM release; True when active.
+    Device-agnostic: installed on every platform.
     """
     global _PATCHED, VLLM_KV_CACHE_BLOCK_COPY
     if _PATCHED:
         return True
-    if not check_vllm_version("the partial-prefix-hit KV block copy fix"):
+    original = replace_kv_block_copy(copy_kv_cache_blocks_every_view)
+    if original is None:
         return False
-    import vllm.v1.worker.utils as worker_utils
-
-    VLLM_KV_CACHE_BLOCK_COPY = worker_utils.copy_kv_cache_blocks_inplace
-    worker_utils.copy_kv_cache_blocks_inplace = copy_kv_cache_blocks_every_view
-    for name in RUNNER_MODULES:
-        module = sys.modules.get(name)
-        if module is not None and hasattr(module, "copy_kv_cache_blocks_inplace"):
-            module.copy_kv_cache_blocks_inplace = copy_kv_cache_blocks_every_view  # type: ignore[attr-defined]
+    VLLM_KV_CACHE_BLOCK_COPY = original
     _PATCHED = True
     logger.info(
         "vllm-hybrid: partial prefix hits copy their copy-on-write blocks through every KV "

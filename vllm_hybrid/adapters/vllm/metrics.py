@@ -24,7 +24,6 @@ How scheduler numbers reach ``/metrics`` in vLLM 0.32.0, and where we hook in:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -32,7 +31,7 @@ from typing import Any
 from prometheus_client import REGISTRY, Counter, Gauge
 from vllm.v1.metrics.loggers import AggregateStatLoggerBase
 
-from vllm_hybrid.adapters.vllm.version import check_vllm_version
+from vllm_hybrid.adapters.vllm.compat.patches import declare_scheduler_stats_field
 from vllm_hybrid.core.cache_stats import METRICS, PREFIX, CounterDeltas, engine_totals
 
 logger = logging.getLogger("vllm_hybrid")
@@ -41,29 +40,12 @@ logger = logging.getLogger("vllm_hybrid")
 FIELD = "vllm_hybrid"
 
 
-@dataclasses.dataclass
-class _Carrier:
-    vllm_hybrid: dict[str, float] | None = dataclasses.field(
-        default=None, init=False, repr=False, compare=False
-    )
-
-
 def carry_hybrid_stats() -> bool:
     """Declare ``SchedulerStats.vllm_hybrid`` (``dict[str, float] | None``, default None, not
-    an ``__init__`` argument) so that msgspec carries it from the engine core to the frontend.
-    Idempotent; refused on another vLLM version. Call it before any engine is built."""
-    from vllm.v1.metrics.stats import SchedulerStats
-
-    fields = SchedulerStats.__dataclass_fields__
-    if FIELD in fields:
-        return True
-    if not check_vllm_version("hybrid cache metrics across processes"):
-        return False
-    (field,) = dataclasses.fields(_Carrier)
-    fields[FIELD] = field
-    SchedulerStats.__annotations__[FIELD] = dict[str, float] | None  # read by msgspec
-    setattr(SchedulerStats, FIELD, None)
-    return True
+    an ``__init__`` argument; ``compat.declare_scheduler_stats_field``) so that msgspec carries
+    it from the engine core to the frontend. Idempotent; refused on another vLLM version. Call
+    it before any engine is built."""
+    return declare_scheduler_stats_field(FIELD)
 
 
 def block_bytes(kv_cache_config: Any) -> int:
@@ -79,16 +61,11 @@ def block_bytes(kv_cache_config: Any) -> int:
 
 
 def hybrid_totals(pool: Any) -> dict[str, float]:
-    """The totals of one ``HybridBlockPool`` (``block_pool.py``), keys = ``METRICS`` keys, with
-    the pins', breakpoints' and end-of-output states' (``pool.hy_extra_totals``, set by the
-    scheduler from ``cache_control.py``) where present."""
-    feed = pool.hy_feed
-    extra = getattr(pool, "hy_extra_totals", None)
-    return {
-        **_pool_totals(pool, feed),
-        **host_totals(getattr(pool, "hy_host", None)),
-        **(extra() if extra is not None else {}),
-    }
+    """The totals of one ``HybridBlockPool`` (``block_pool.py``; its ``HybridState``), keys =
+    ``METRICS`` keys, with the pins', breakpoints' and end-of-output states'
+    (``HybridState.extra_totals``, set by the scheduler) where present."""
+    state = pool.hybrid
+    return {**_pool_totals(state), **host_totals(state.host), **state.totals_extra()}
 
 
 def host_totals(ledger: Any) -> dict[str, float]:
@@ -106,15 +83,16 @@ def host_totals(ledger: Any) -> dict[str, float]:
     }
 
 
-def _pool_totals(pool: Any, feed: Any) -> dict[str, float]:
+def _pool_totals(state: Any) -> dict[str, float]:
+    feed = state.feed
     return engine_totals(
         feed.counters if feed is not None else None,
-        pool.hy_pages,
-        page_bytes=pool.hy_block_bytes,
-        policy_pages=pool.hy_policy_pages,
-        fallback_pages=pool.hy_fallback_pages,
-        eviction_batches=pool.hy_evict_calls,
-        budget_pages=pool.hy_budget_pages,
+        state.pages,
+        page_bytes=state.block_bytes,
+        policy_pages=state.policy_pages,
+        fallback_pages=state.fallback_pages,
+        eviction_batches=state.evict_calls,
+        budget_pages=state.budget_pages,
     )
 
 
@@ -128,12 +106,20 @@ def hybrid_stats_of(scheduler_stats: Any) -> Mapping[str, float] | None:
     return getattr(scheduler_stats, FIELD, None)
 
 
+#: The collectors our loggers registered in prometheus_client's default registry.
+_COLLECTORS: list[Any] = []
+
+
 def unregister_hybrid_metrics() -> None:
-    """Drop earlier ``vllm_hybrid:`` collectors, as ``vllm/v1/metrics/prometheus.py::
-    unregister_vllm_metrics`` does for ``vllm:`` (a new logger per engine in one process)."""
-    for collector in list(REGISTRY._collector_to_names):
-        if getattr(collector, "_name", "").startswith(PREFIX):
+    """Drop the ``vllm_hybrid:`` collectors registered before, as ``vllm/v1/metrics/
+    prometheus.py::unregister_vllm_metrics`` does for ``vllm:`` (a new logger per engine in one
+    process). We keep our own list rather than read the registry's private map."""
+    while _COLLECTORS:
+        collector = _COLLECTORS.pop()
+        try:
             REGISTRY.unregister(collector)
+        except KeyError:  # unregistered by someone else already
+            pass
 
 
 class HybridStatLogger(AggregateStatLoggerBase):
@@ -156,6 +142,7 @@ class HybridStatLogger(AggregateStatLoggerBase):
             else:
                 metric = Gauge(name, spec.doc, labels, multiprocess_mode="mostrecent")
                 target = self.gauges
+            _COLLECTORS.append(metric)
             target[spec.key] = {
                 i: metric.labels(model_name=model_name, engine=str(i)) for i in self.engine_indexes
             }

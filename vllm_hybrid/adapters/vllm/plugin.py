@@ -11,8 +11,6 @@ import logging
 import os
 from typing import Any
 
-from vllm_hybrid.adapters.vllm.version import check_vllm_version
-
 logger = logging.getLogger("vllm_hybrid")
 
 #: Set to 0 to load vLLM with vllm-hybrid installed but inactive (for A/B runs).
@@ -30,7 +28,7 @@ def register() -> None:
         return
     from vllm_hybrid.adapters.vllm.metrics import carry_hybrid_stats
 
-    carry_hybrid_stats()
+    carry_hybrid_stats()  # every process: the frontend decodes what the engine core sends
     from vllm.platforms import current_platform
 
     from vllm_hybrid.adapters.vllm.kv_copy import patch_kv_cache_block_copies
@@ -44,72 +42,30 @@ def register() -> None:
     select_host_tier_connector()
 
 
-def share_vllm_logging() -> None:
-    """Print our log lines the way vLLM prints its own: the ``vllm_hybrid`` logger gets the
-    handlers and level vLLM configured on its ``vllm`` logger (``vllm/logger.py``), unless the
-    application configured ours itself. Records still propagate (to pytest's capture, say).
-    vLLM configures logging when it builds the engine's config, after plugins load, so this
-    runs when the scheduler starts (``scheduler.py::activate``)."""
-    ours, theirs = logging.getLogger("vllm_hybrid"), logging.getLogger("vllm")
-    if ours.handlers or not theirs.handlers:
-        return
-    for handler in theirs.handlers:
-        ours.addHandler(handler)
-    if ours.level == logging.NOTSET:
-        ours.setLevel(theirs.level)
-
-
 def select_hybrid_scheduler() -> bool:
-    """Make our schedulers vLLM's default: where no ``scheduler_cls`` is configured,
-    ``SchedulerConfig.get_scheduler_cls`` (``vllm/config/scheduler.py``, called once by
-    ``EngineCore.__init__``) returns ``HybridAsyncScheduler`` or ``HybridScheduler`` (matching
-    ``async_scheduling``) instead of vLLM's. They stay vLLM's own schedulers unless the model is
-    a hybrid with prefix caching on (``scheduler.py::activate``). An explicit
+    """Let each engine get our scheduler where it is useful and vLLM's everywhere else:
+    ``SchedulerConfig.get_scheduler_cls`` (called once by ``EngineCore.__init__``, after the KV
+    cache config is built) returns a chooser that builds ``scheduler.choose_scheduler``'s class
+    for the engine's config (``compat.install_scheduler_selector``). An explicit
     ``--scheduler-cls`` is left alone. Idempotent; refused on another vLLM version."""
-    from vllm.config.scheduler import SchedulerConfig
+    from vllm_hybrid.adapters.vllm.compat.patches import install_scheduler_selector
 
-    original = SchedulerConfig.get_scheduler_cls
-    if getattr(original, "_vllm_hybrid", False):
-        return True
-    if not check_vllm_version("automatic scheduler selection"):
-        return False
+    return install_scheduler_selector(_choose_scheduler)
 
-    def get_scheduler_cls(self: SchedulerConfig) -> type:
-        if self.scheduler_cls is None:
-            from vllm_hybrid.adapters.vllm import scheduler
 
-            return (
-                scheduler.HybridAsyncScheduler
-                if self.async_scheduling
-                else scheduler.HybridScheduler
-            )
-        return original(self)
+def _choose_scheduler(default: type, vllm_config: Any, kv_cache_config: Any) -> type:
+    from vllm_hybrid.adapters.vllm.scheduler import choose_scheduler  # the engine core only
 
-    get_scheduler_cls._vllm_hybrid = True  # type: ignore[attr-defined]
-    SchedulerConfig.get_scheduler_cls = get_scheduler_cls  # type: ignore[method-assign]
-    return True
+    return choose_scheduler(default, vllm_config, kv_cache_config)
 
 
 def select_host_tier_connector() -> bool:
     """Let ``host_tier_gb`` turn the host tier on by itself: ``EngineArgs.create_engine_config``
     (``vllm/engine/arg_utils.py``; ``LLM`` and ``vllm serve`` build their config with it, after
     this plugin was loaded by ``EngineArgs.__post_init__``) first fills in our connector
-    (``config.py::configure_host_tier``). Host tier off: the args are left as they are.
-    Idempotent; refused on another vLLM version."""
-    from vllm.engine.arg_utils import EngineArgs
+    (``config.py::configure_host_tier``, through ``compat.run_before_engine_config``). Host
+    tier off: the args are left as they are. Idempotent; refused on another vLLM version."""
+    from vllm_hybrid.adapters.vllm.compat.patches import run_before_engine_config
+    from vllm_hybrid.adapters.vllm.config import configure_host_tier
 
-    original = EngineArgs.create_engine_config
-    if getattr(original, "_vllm_hybrid", False):
-        return True
-    if not check_vllm_version("the host tier's connector"):
-        return False
-
-    def create_engine_config(self: EngineArgs, *args: Any, **kwargs: Any) -> Any:
-        from vllm_hybrid.adapters.vllm.config import configure_host_tier
-
-        configure_host_tier(self)
-        return original(self, *args, **kwargs)
-
-    create_engine_config._vllm_hybrid = True  # type: ignore[attr-defined]
-    EngineArgs.create_engine_config = create_engine_config  # type: ignore[method-assign]
-    return True
+    return run_before_engine_config(configure_host_tier)

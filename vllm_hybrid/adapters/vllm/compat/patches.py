@@ -1,0 +1,145 @@
+"""Functions and methods of vLLM 0.32.0 that the plugin replaces or wraps (module level, once per
+process, from ``plugin.register``). Each is idempotent and refused on another vLLM release."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from vllm_hybrid.adapters.vllm.version import check_vllm_version
+
+#: The attribute that marks our wrappers (so a second install wraps nothing).
+MARK = "_vllm_hybrid"
+#: vLLM's worker modules that bind ``copy_kv_cache_blocks_inplace`` by name at import.
+RUNNER_MODULES = ("vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.model_runner")
+#: Choose the scheduler class: (vLLM's default class, vllm_config, kv_cache_config) -> class.
+Chooser = Callable[[type, Any, Any], type]
+
+
+def _mark(function: Any) -> Any:
+    setattr(function, MARK, True)
+    return function
+
+
+def _marked(function: Any) -> bool:
+    return bool(getattr(function, MARK, False))
+
+
+class SchedulerChoice:
+    """What ``SchedulerConfig.get_scheduler_cls`` returns under :func:`install_scheduler_selector`
+    when no class is configured: ``EngineCore.__init__`` (``vllm/v1/engine/core.py``, its only
+    caller) calls it with the ``Scheduler`` keyword arguments, and it builds the class ``choose``
+    picks for that engine's ``vllm_config`` and ``kv_cache_config``."""
+
+    def __init__(self, default: type, choose: Chooser) -> None:
+        self.default, self.choose = default, choose
+
+    def resolve(self, vllm_config: Any, kv_cache_config: Any) -> type:
+        return self.choose(self.default, vllm_config, kv_cache_config)
+
+    def __call__(self, **kwargs: Any) -> Any:
+        cls = self.resolve(kwargs["vllm_config"], kwargs["kv_cache_config"])
+        return cls(**kwargs)
+
+
+def install_scheduler_selector(choose: Chooser) -> bool:
+    """Wrap ``SchedulerConfig.get_scheduler_cls`` (``vllm/config/scheduler.py``): with no
+    ``scheduler_cls`` configured it returns a :class:`SchedulerChoice` over vLLM's default
+    (``Scheduler`` or ``AsyncScheduler``, by ``async_scheduling``), so the class is chosen per
+    engine, when the KV cache config is known. An explicit ``scheduler_cls`` is left alone."""
+    from vllm.config.scheduler import SchedulerConfig
+
+    original = SchedulerConfig.get_scheduler_cls
+    if _marked(original):
+        return True
+    if not check_vllm_version("automatic scheduler selection"):
+        return False
+
+    def get_scheduler_cls(self: SchedulerConfig) -> Any:
+        default = original(self)
+        return SchedulerChoice(default, choose) if self.scheduler_cls is None else default
+
+    SchedulerConfig.get_scheduler_cls = _mark(get_scheduler_cls)  # type: ignore[method-assign]
+    return True
+
+
+def run_before_engine_config(hook: Callable[[Any], None]) -> bool:
+    """Wrap ``EngineArgs.create_engine_config`` (``vllm/engine/arg_utils.py``; ``LLM`` and
+    ``vllm serve`` build their ``VllmConfig`` with it) so ``hook(engine_args)`` runs first."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    original = EngineArgs.create_engine_config
+    if _marked(original):
+        return True
+    if not check_vllm_version("the host tier's connector"):
+        return False
+
+    def create_engine_config(self: EngineArgs, *args: Any, **kwargs: Any) -> Any:
+        hook(self)
+        return original(self, *args, **kwargs)
+
+    EngineArgs.create_engine_config = _mark(create_engine_config)  # type: ignore[method-assign]
+    return True
+
+
+def declare_scheduler_stats_field(name: str) -> bool:
+    """Declare ``SchedulerStats.<name>: dict[str, float] | None`` (default None, not an
+    ``__init__`` argument) on vLLM's dataclass (``vllm/v1/metrics/stats.py``): msgspec encodes
+    a dataclass's declared fields only (``vllm/v1/serial_utils.py``), so an undeclared attribute
+    would not reach the frontend. Must run before the frontend builds its decoder."""
+    from vllm.v1.metrics.stats import SchedulerStats
+
+    fields = SchedulerStats.__dataclass_fields__
+    if name in fields:
+        return True
+    if not check_vllm_version("hybrid cache metrics across processes"):
+        return False
+    carrier = dataclasses.make_dataclass(
+        "_Carrier",
+        [
+            (
+                name,
+                dict[str, float] | None,
+                dataclasses.field(default=None, init=False, repr=False, compare=False),
+            )
+        ],
+    )
+    (field,) = dataclasses.fields(carrier)
+    fields[name] = field
+    SchedulerStats.__annotations__[name] = dict[str, float] | None  # read by msgspec
+    setattr(SchedulerStats, name, None)
+    return True
+
+
+def replace_cpu_mamba2_ops(scan: Callable[..., Any], store: Callable[..., Any]) -> bool:
+    """Replace the CPU chunked SSD scan (``ssd_combined._mamba_chunk_scan_combined_fwd``, looked
+    up at call time by ``mamba_chunk_scan_combined_varlen``) and the prefill-checkpoint store
+    (``mamba_mixer2.store_prefill_checkpoint``, bound by name at import) in
+    ``vllm/model_executor/layers/mamba/``."""
+    if not check_vllm_version("CPU prefix caching for Mamba2 hybrids"):
+        return False
+    import vllm.model_executor.layers.mamba.mamba_mixer2 as mixer2
+    import vllm.model_executor.layers.mamba.ops.ssd_combined as ssd_combined
+
+    ssd_combined._mamba_chunk_scan_combined_fwd = scan
+    mixer2.store_prefill_checkpoint = store  # type: ignore[assignment]
+    return True
+
+
+def replace_kv_block_copy(copy: Callable[..., None]) -> Callable[..., None] | None:
+    """Replace ``copy_kv_cache_blocks_inplace`` (``vllm/v1/worker/utils.py``) by ``copy`` there
+    and in the runner modules already imported (they bind it by name; later imports bind
+    ours). Returns vLLM's function, or None (nothing replaced) on another vLLM release."""
+    if not check_vllm_version("the partial-prefix-hit KV block copy fix"):
+        return None
+    import vllm.v1.worker.utils as worker_utils
+
+    original: Callable[..., None] = worker_utils.copy_kv_cache_blocks_inplace
+    worker_utils.copy_kv_cache_blocks_inplace = copy
+    for name in RUNNER_MODULES:
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, "copy_kv_cache_blocks_inplace"):
+            module.copy_kv_cache_blocks_inplace = copy  # type: ignore[attr-defined]
+    return original
