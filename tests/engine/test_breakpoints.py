@@ -320,7 +320,7 @@ def test_sub_block_breakpoints_hit_exactly_and_outputs_match_from_scratch(client
 def test_next_turn_resumes_at_exactly_the_end_of_the_answer(client):
     """No breakpoint needed for a conversation: with ``U = 1`` the state at the end of an
     answer (prompt + output - 1, the last computed position) is kept exactly
-    (``cache_control.OutputStates``), here inside the block that also holds a breakpoint stop
+    (``output_states.OutputStates``), here inside the block that also holds a breakpoint stop
     and the prompt's tail. The next turn (prompt + answer + new tokens) hits there, the
     breakpoint still hits, and the replies equal the same requests from scratch."""
     import random
@@ -559,15 +559,15 @@ def test_startup_calls_carry_the_servers_api_key(monkeypatch):
     ``AuthenticationMiddleware`` when ``--api-key`` is set: the calls carry the first key."""
     from types import SimpleNamespace
 
-    from vllm_hybrid.adapters.vllm.serving import _internal_scope
+    from vllm_hybrid.serving.asgi import internal_scope
 
     def app(api_key):
         return SimpleNamespace(state=SimpleNamespace(args=SimpleNamespace(api_key=api_key)))
 
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
-    scope = _internal_scope({"type": "lifespan", "app": app(["k1", "k2"])})
+    scope = internal_scope({"type": "lifespan", "app": app(["k1", "k2"])})
     assert scope["type"] == "http" and (b"authorization", b"Bearer k1") in scope["headers"]
-    assert _internal_scope({"type": "lifespan", "app": app(None)})["headers"] == []
+    assert internal_scope({"type": "lifespan", "app": app(None)})["headers"] == []
     monkeypatch.setenv("VLLM_API_KEY", "env-key")
-    scope = _internal_scope({"type": "lifespan", "app": app(None)})
+    scope = internal_scope({"type": "lifespan", "app": app(None)})
     assert scope["headers"] == [(b"authorization", b"Bearer env-key")]

@@ -11,7 +11,7 @@ document) and the *paths* along which prompts import them, with *unions* of alte
 A path is an ordered list of module names; ``{"union": [...]}`` at a position means one of
 those modules there. :meth:`ModuleSchema.parse` validates a schema and expands its unions into
 concrete paths (``system, tools, doc_a`` and ``system, tools, doc_b``); the serving layer
-(``adapters/vllm/serving.py``) tokenizes each module, prewarms each path with a breakpoint at
+(``vllm_hybrid/serving/modules.py``) tokenizes each module, prewarms each path with a breakpoint at
 every module boundary (:func:`boundaries`), and builds importing prompts from the same token
 ids, so a prompt's module boundaries fall on exactly the prewarmed positions.
 
