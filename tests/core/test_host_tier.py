@@ -1,14 +1,15 @@
-"""The host-memory snapshot tier: its own budget, the index's demote / promote / invalidate paths,
-and the int8 snapshot size the simulator uses for compressed snapshots."""
+"""The host-memory snapshot tier: its own budget, the demote / promote / invalidate paths through
+the index's hooks (``HostLedger``, run by the simulator's pool as by the engine), and the int8
+snapshot size the simulator uses for compressed snapshots."""
 
 import pytest
 
 from vllm_hybrid.core.cost import CostModel
 from vllm_hybrid.core.host_tier import HostTier, HostTierError
-from vllm_hybrid.core.index import PrefixIndex
 from vllm_hybrid.core.node import Node
 from vllm_hybrid.core.policies import FlopPolicy
 from vllm_hybrid.core.shapes import load_shape
+from vllm_hybrid.sim.pool import SimPool
 
 B = 4
 
@@ -61,82 +62,79 @@ class StatesFirst:
         return None
 
 
-def _index(budget: int, host: HostTier) -> PrefixIndex:
-    return PrefixIndex(
+def _pool(budget: int, host_bytes: int) -> SimPool:
+    return SimPool(
         block_tokens=B,
         kv_bytes_per_token=1,
         snapshot_bytes=8,
         budget_bytes=budget,
         policy=StatesFirst(),
-        record_evictions=True,
-        host=host,
+        host_bytes=host_bytes,
+        host_bandwidth=1.0,
     )
 
 
-def _fill(index: PrefixIndex, keys: list[str], snap_at: set[int], now: int) -> None:
-    h = index.lock(index.root)
+def _fill(pool: SimPool, keys: list[str], snap_at: set[int]) -> None:
+    h = pool.lock(pool.root)
     for i, key in enumerate(keys):
-        node = index.insert_block(h, key, now)
+        node = pool.insert_block(h, key)
         assert node is not None
         if i in snap_at:
-            assert index.admit_snapshot(node, now)
-    index.unlock(h)
+            assert pool.admit_snapshot(h, node)
+    pool.unlock(h)
 
 
 def test_interior_snapshot_is_demoted_hit_from_host_and_promoted() -> None:
-    host = HostTier(budget_bytes=100, bandwidth_bytes_per_s=1.0)
-    index = _index(budget=4 * B + 2 * 8, host=host)
-    _fill(index, ["a", "b", "c"], {0, 2}, now=1)  # states after a (interior) and after c (leaf)
-    index.check_integrity()
+    pool = _pool(budget=4 * B + 2 * 8, host_bytes=100)
+    _fill(pool, ["a", "b", "c"], {0, 2})  # states after a (interior) and after c (leaf)
+    pool.check_integrity()
     # room is needed: the policy evicts a's state alone (its KV is still under b and c), and
     # the tier keeps it
-    ev = index.evict(index.free_bytes + 8)
-    assert ev.snapshot_keys == ["a"] and ev.kv_keys == []
-    a = index.get("a")
-    assert a is not None and not a.has_snapshot and index.on_host(a)
-    index.check_integrity()
+    assert pool.make_room(pool.free_bytes + 8)
+    assert (pool.evicted_snapshots, pool.evicted_kv_blocks) == (1, 0)
+    a = pool.node_of("a")
+    assert a is not None and not a.has_snapshot and pool.on_host(a)
+    pool.check_integrity()
     # a request diverging after a resumes from the host copy
-    m = index.match(["a", "x"], max_tokens=2 * B)
+    m = pool.match(["a", "x"], max_tokens=2 * B)
     assert m.hit_node is a and m.hit_tokens == B
-    h = index.lock(m.kv_nodes[-1])
-    assert index.promote(m, now=2)
-    assert a.has_snapshot and not index.on_host(a) and host.promoted == 1
-    index.unlock(h)
-    index.check_integrity()
+    h = pool.lock(m.kv_nodes[-1])
+    assert pool.promote(h, m)
+    assert a.has_snapshot and not pool.on_host(a) and pool.host.tier.promoted == 1
+    pool.unlock(h)
+    pool.check_integrity()
 
 
 def test_evicting_the_kv_drops_the_host_copy() -> None:
-    host = HostTier(budget_bytes=100, bandwidth_bytes_per_s=1.0)
-    index = _index(budget=2 * B + 8, host=host)
-    _fill(index, ["a", "b"], {0}, now=1)
-    index.evict(index.free_bytes + 8)  # a's state alone: a is interior
-    assert index.on_host(index.get("a"))
-    index.evict(index.budget_bytes)  # everything: the KV of a goes, so its host state too
-    assert index.get("a") is None and len(host) == 0 and host.invalidated == 1
-    index.check_integrity()
+    pool = _pool(budget=2 * B + 8, host_bytes=100)
+    _fill(pool, ["a", "b"], {0})
+    pool.make_room(pool.free_bytes + 8)  # a's state alone: a is interior
+    assert pool.on_host(pool.node_of("a"))
+    pool.make_room(pool.budget_bytes)  # everything: the KV of a goes, so its host state too
+    tier = pool.host.tier
+    assert pool.node_of("a") is None and len(tier) == 0 and tier.invalidated == 1
+    pool.check_integrity()
 
 
 def test_a_fresh_device_snapshot_supersedes_the_host_copy() -> None:
-    host = HostTier(budget_bytes=100, bandwidth_bytes_per_s=1.0)
-    index = _index(budget=100, host=host)
-    _fill(index, ["a", "b"], {0}, now=1)
-    index.evict(index.free_bytes + 8)
-    a = index.get("a")
-    assert index.on_host(a)
-    h = index.lock(a)
-    assert index.admit_snapshot(a, now=2)
-    index.unlock(h)
-    assert a.has_snapshot and not index.on_host(a) and host.superseded == 1
-    index.check_integrity()
+    pool = _pool(budget=100, host_bytes=100)
+    _fill(pool, ["a", "b"], {0})
+    pool.make_room(pool.free_bytes + 8)
+    a = pool.node_of("a")
+    assert pool.on_host(a)
+    h = pool.lock(a)
+    assert pool.admit_snapshot(h, a)
+    pool.unlock(h)
+    assert a.has_snapshot and not pool.on_host(a) and pool.host.tier.superseded == 1
+    pool.check_integrity()
 
 
 def test_integrity_catches_a_state_on_both_tiers() -> None:
-    host = HostTier(budget_bytes=100, bandwidth_bytes_per_s=1.0)
-    index = _index(budget=100, host=host)
-    _fill(index, ["a", "b"], {0}, now=1)
-    host.demote(index.get("a"), 0.0)  # bypassing the index: the state is now on both tiers
+    pool = _pool(budget=100, host_bytes=100)
+    _fill(pool, ["a", "b"], {0})
+    pool.host.tier.demote(pool.node_of("a"), 0.0)  # bypassing the pool: now on both tiers
     with pytest.raises(HostTierError, match="H1"):
-        index.check_integrity()
+        pool.check_integrity()
 
 
 def test_int8_snapshots_are_about_half_the_bytes_and_save_the_same_flops() -> None:
@@ -158,23 +156,23 @@ def test_flop_demotes_a_leaf_state_when_the_host_has_room(with_host) -> None:
     without a tier, a free leaf's state goes with its KV."""
     block = 64
     cost = CostModel(load_shape("marconi-7b"), block)
-    host = HostTier(10 * cost.snapshot_bytes, 25e9) if with_host else None
-    index = PrefixIndex(
+    pool = SimPool(
         block_tokens=block,
         kv_bytes_per_token=cost.kv_bytes_per_token,
         snapshot_bytes=cost.snapshot_bytes,
         budget_bytes=10 * cost.kv_bytes_per_block + cost.snapshot_bytes,
         policy=FlopPolicy(cost),
-        host=host,
+        host_bytes=10 * cost.snapshot_bytes if with_host else 0,
+        host_bandwidth=25e9,
     )
     keys = ["a", "b", "c", "d"]
-    _fill(index, keys, {3}, now=1)
-    ev = index.evict(index.free_bytes + cost.snapshot_bytes)
-    d = index.get("d")
+    _fill(pool, keys, {3})
+    pool.make_room(pool.free_bytes + cost.snapshot_bytes)
+    d = pool.node_of("d")
     if with_host:
-        assert ev.snapshot_keys == ["d"] and ev.kv_keys == [] and index.on_host(d)
-        m = index.match([*keys, "e"], max_tokens=5 * block)
+        assert (pool.evicted_snapshots, pool.evicted_kv_blocks) == (1, 0) and pool.on_host(d)
+        m = pool.match([*keys, "e"], max_tokens=5 * block)
         assert m.hit_node is d and m.hit_tokens == 4 * block  # resumable from the host copy
     else:
-        assert d is None and ev.kv_keys == ["d"] and ev.snapshot_keys == ["d"]  # together
-    index.check_integrity()
+        assert d is None and (pool.evicted_snapshots, pool.evicted_kv_blocks) == (1, 1)
+    pool.check_integrity()

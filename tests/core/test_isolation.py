@@ -1,6 +1,6 @@
 """Tenant isolation at the index level: the same tokens under two ``cache_salt`` values never
-share an entry, a page, a node or a snapshot, in the pool mirror (what the engine adapter
-feeds) and in the simulator's index; an eviction of one tenant leaves the other intact.
+share an entry, a page, a node or a snapshot, in the prefix index as the engine adapter feeds
+it and as the simulator's pool drives it; an eviction of one tenant leaves the other intact.
 
 vLLM keys every cached page by a chained block hash and mixes ``cache_salt`` into the hash of
 block 0 only (``vllm/v1/core/kv_cache_utils.py``: ``generate_block_hash_extra_keys`` adds
@@ -22,12 +22,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vllm_hybrid.core.cost import CostModel
-from vllm_hybrid.core.index import PrefixIndex
 from vllm_hybrid.core.layers import AttentionLayers, Mamba2Layers
 from vllm_hybrid.core.node import Node
 from vllm_hybrid.core.policies import POLICIES
 from vllm_hybrid.core.pool_mirror import PoolMirror
 from vllm_hybrid.core.shapes import ModelShape
+from vllm_hybrid.sim.pool import SimPool
 
 B = 4
 KV, STATE = 0, 1
@@ -149,9 +149,9 @@ def test_mirror_never_shares_between_salts(policy: str) -> None:
     mirror.check_integrity(lambda page: page not in in_use)
 
 
-# ------------------------------------------------------------------------- the index
-def make_index(budget: int, policy: str = "flop") -> PrefixIndex:
-    return PrefixIndex(
+# ------------------------------------------------------------------------- the simulator's pool
+def make_index(budget: int, policy: str = "flop") -> SimPool:
+    return SimPool(
         block_tokens=B,
         kv_bytes_per_token=1,
         snapshot_bytes=3,
@@ -160,21 +160,19 @@ def make_index(budget: int, policy: str = "flop") -> PrefixIndex:
     )
 
 
-def serve(index: PrefixIndex, keys: list[bytes], tenant: int, now: int) -> tuple[list[Node], int]:
-    """One request as an engine drives the index: match, lock, insert the rest, snapshot at the
-    end, unlock. Returns the nodes the match served and the tokens hit."""
+def serve(index: SimPool, keys: list[bytes], tenant: int, now: int) -> tuple[list[Node], int]:
+    """One request as the simulator drives its pool: match, lock, insert the rest, snapshot at
+    the end, unlock. Returns the nodes the match served and the tokens hit."""
+    index.now = now
     m = index.match(keys, max_tokens=len(keys) * B)
     served = [*m.kv_nodes, m.hit_node] if m.hit_tokens else list(m.kv_nodes)
-    index.touch(m, now)
     handle = index.lock(m.kv_nodes[-1] if m.kv_nodes else index.root)
+    index.touch(handle, m)
     for key in keys[len(m.kv_nodes) :]:
-        node = index.insert_block(handle, key, now, origin=tenant)
-        if node is None:
+        if index.insert_block(handle, key, origin=tenant) is None:
             break
-        index.unlock(handle)
-        handle = index.lock(node)
     if handle.node is not index.root:
-        index.admit_snapshot(handle.node, now)
+        index.admit_snapshot(handle, handle.node)
     index.unlock(handle)
     index.check_integrity()
     return served, m.hit_tokens
@@ -190,7 +188,7 @@ def test_index_same_tokens_two_salts() -> None:
     assert (served, hit) == ([], 0)
     served, hit = serve(index, a, tenant=1, now=3)  # the same tenant: a full hit
     assert hit == 5 * B and {n.origin for n in served} == {1}
-    assert not {id(index.get(k)) for k in a} & {id(index.get(k)) for k in b}
+    assert not {id(index.node_of(k)) for k in a} & {id(index.node_of(k)) for k in b}
 
 
 @settings(max_examples=150, deadline=None)

@@ -1,23 +1,24 @@
-"""Nodes of the prefix index and the small value types its methods return.
+"""Nodes of the prefix index and the result of its lookups.
 
 A :class:`Node` is owned by :class:`~vllm_hybrid.core.index.PrefixIndex`; callers may read its
 fields (policies do, to compute priorities) but only the index writes them. A node stays valid as
-a handle while ``alive`` is true; an evicted node is never revived (a re-inserted block gets a new
-node).
+a handle while ``alive`` is true (the pool holds a page under its key); a deleted node is never
+revived (a key cached again gets a new node).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 class Node:
     """One block of KV (``[start_tokens, end_tokens)``) and optionally a state snapshot at its end.
 
     A *full* node spans exactly ``block_tokens`` and may have children; a *partial* node spans
-    fewer tokens, is always a leaf and always holds a snapshot (it exists only to keep an
-    exact-position state). ``refs`` counts lock handles on this node or below it.
+    fewer tokens and is always a leaf (it exists to keep an exact-position state). While the node
+    is in the live trie, ``refs`` is not 0 exactly when some page of it or below it is in use
+    (``core/index/trie.py``).
     """
 
     __slots__ = (
@@ -102,26 +103,3 @@ class Match:
     @property
     def ends_on_snapshot(self) -> bool:
         return self.hit_tokens > 0
-
-
-@dataclass
-class Eviction:
-    """What one :meth:`PrefixIndex.evict` call removed; the engine frees exactly these."""
-
-    kv_keys: list[Hashable] = field(default_factory=list)
-    snapshot_keys: list[Hashable] = field(default_factory=list)
-    freed_bytes: int = 0
-
-
-class LockHandle:
-    """A running request's hold on a path: its node and every ancestor cannot be evicted.
-
-    :meth:`PrefixIndex.insert_block` moves the handle down to the inserted child, so a request
-    that extends its own path keeps all of it locked with one handle.
-    """
-
-    __slots__ = ("node", "active")
-
-    def __init__(self, node: Node) -> None:
-        self.node = node
-        self.active = True

@@ -1,10 +1,13 @@
-"""The replay loop: requests in arrival order against one index, one policy, one budget.
+"""The replay loop: requests in arrival order against one pool, one policy, one budget.
+
+The pool is the simulator's page pool (``sim/pool.py``) under the engine's prefix index
+(``core/index/``): what is kept, hit and evicted is decided by the code the engine runs.
 
 Each request: match its prompt (a hit must leave the last prompt token to compute, so at most
 ``prompt_tokens - 1``), lock the matched path, let the policy choose snapshot positions, insert
 the blocks it leaves behind (prompt, plus output where a later turn extends it) with snapshots
 where chosen, unlock. Requests are served one at a time (no overlap in time); the budget is
-checked after every request and the index raises if any step would exceed it.
+checked after every request and the pool raises if any step would exceed it.
 
 With a host tier (``host_bytes > 0``), snapshots the policy evicts alone are demoted to host
 memory; a request whose hit ends on a host snapshot counts as a hit (its prefix is skipped, the
@@ -23,10 +26,10 @@ flight inserted. vLLM registers a block's hash once the step that computed it ha
 prefill that fits the step's token budget completes in the step that admits it, so only
 requests admitted in the same step miss each other's blocks; against the engine
 (docs/bench_replay.md) 1 is the closest. A request that cannot see a block recomputes it and
-shares the cached copy (the engine holds a duplicate page while both run; the index keeps one
-copy per key). ``running_bytes``: what each request in flight holds outside the index for its
+shares the cached copy (the engine holds a duplicate page while both run; the pool keeps one
+copy per key). ``running_bytes``: what each request in flight holds outside the cache for its
 whole stay (in vLLM's align mode its running state, a page per Mamba group, and its last
-partial KV block); the window is always full, so the index budget is ``budget_bytes -
+partial KV block); the window is always full, so the pool's budget is ``budget_bytes -
 in_flight * running_bytes``. ``in_flight=1`` with ``running_bytes=0`` (the defaults) is the
 one-request-at-a-time loop above, unchanged.
 
@@ -36,7 +39,7 @@ blocks referenced until it finishes but frees a state block (the one it hit, a j
 replay-boundary state it wrote) to the free queue as soon as it has computed past it
 (``MambaManager.remove_skipped_blocks``). Under pool pressure vLLM's LRU then evicts the states
 of a prefix while its KV is still held, and the KV alone cannot serve a hit (docs/block_manager.md,
-the agent row). With the default the index's locks protect both (the loop as before).
+the agent row). With the default what a request holds protects both.
 """
 
 from __future__ import annotations
@@ -48,11 +51,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from vllm_hybrid.core.cost import CostModel
-from vllm_hybrid.core.host_tier import HostTier
-from vllm_hybrid.core.index import PrefixIndex
-from vllm_hybrid.core.node import LockHandle, Match, Node
+from vllm_hybrid.core.node import Match, Node
 from vllm_hybrid.core.policies import BeladyOracle
 from vllm_hybrid.core.policy import AdmitContext
+from vllm_hybrid.sim.pool import LockHandle, SimPool
 from vllm_hybrid.sim.trace import KeyedRequest
 
 ProgressFn = Callable[[int, int], None]
@@ -110,11 +112,11 @@ class RunStats:
 
 
 class BudgetViolation(RuntimeError):
-    """The loop saw more bytes held than the budget (a policy or index bug)."""
+    """The loop saw more bytes held than the budget (a policy, pool or index bug)."""
 
 
 def _commit(
-    index: PrefixIndex,
+    pool: SimPool,
     kr: KeyedRequest,
     m: Match,
     h: LockHandle,
@@ -122,28 +124,30 @@ def _commit(
     t: int,
     window: _Window | None = None,
 ) -> None:
-    b = index.block_tokens
+    b = pool.block_tokens
     wanted = set(positions)
     for pos in sorted(p for p in wanted if p % b == 0 and 0 < p <= m.kv_tokens):
-        _admit_snapshot(index, m.kv_nodes[pos // b - 1], t, window)
+        _admit_snapshot(pool, h, m.kv_nodes[pos // b - 1], t, window)
     for i in range(len(m.kv_nodes), len(kr.keys)):
-        node = index.insert_block(h, kr.keys[i], t, origin=t)
+        node = pool.insert_block(h, kr.keys[i], origin=t)
         if node is None:
-            return  # budget full of locked entries: the rest is not cached
+            return  # budget full of held pages: the rest is not cached
         if node.end_tokens in wanted:
-            _admit_snapshot(index, node, t, window)
+            _admit_snapshot(pool, h, node, t, window)
     end = kr.req.cacheable_tokens
     tail = kr.tail_key
     if end in wanted and end % b and tail is not None and h.node.end_tokens == end // b * b:
-        partial = index.admit_partial(h, tail, end % b, t, origin=t)
+        partial = pool.admit_partial(h, tail, end % b, origin=t)
         if window is not None and partial is not None:
-            window.extra.append(index.lock(partial))  # the request's state: held while it runs
+            window.extra.append(pool.lock(partial))  # the request's state: held while it runs
 
 
-def _admit_snapshot(index: PrefixIndex, node: Node, t: int, window: _Window | None) -> None:
+def _admit_snapshot(
+    pool: SimPool, h: LockHandle, node: Node, t: int, window: _Window | None
+) -> None:
     if window is None or node.has_snapshot:
-        index.admit_snapshot(node, t)
-    elif index.admit_snapshot(node, t):
+        pool.admit_snapshot(h, node)
+    elif pool.admit_snapshot(h, node):
         window.new_snapshot(node, t)
 
 
@@ -159,10 +163,10 @@ class _Window:
     snaps: deque[tuple[int, Node]] = field(default_factory=deque)
     extra: list[LockHandle] = field(default_factory=list)
 
-    def admit(self, index: PrefixIndex, t: int) -> None:
+    def admit(self, pool: SimPool, t: int) -> None:
         """Before request ``t``: release the request that leaves the window (its slot is
         ``t``'s) and forget the snapshots that became visible."""
-        self._release(index, t - self.in_flight)
+        self._release(pool, t - self.in_flight)
         while self.snaps and self.snaps[0][0] <= t - self.visible_after:
             j, node = self.snaps.popleft()
             if self.snap_by.get(node) == j:
@@ -176,14 +180,14 @@ class _Window:
         self.held.append((t, [h, *self.extra]))
         self.extra = []
 
-    def release_all(self, index: PrefixIndex) -> None:
-        self._release(index, math.inf)
+    def release_all(self, pool: SimPool) -> None:
+        self._release(pool, math.inf)
 
-    def _release(self, index: PrefixIndex, last: float) -> None:
+    def _release(self, pool: SimPool, last: float) -> None:
         """Unlock what the requests up to index ``last`` hold."""
         while self.held and self.held[0][0] <= last:
             for h in self.held.popleft()[1]:
-                index.unlock(h)
+                pool.unlock(h)
 
     def hidden_from(self, t: int) -> Callable[[Node, bool], bool]:
         """``PrefixIndex.match``'s ``hidden`` for request ``t``: a block a request still hidden
@@ -199,7 +203,7 @@ class _Window:
 
 
 def _serve(
-    index: PrefixIndex,
+    pool: SimPool,
     policy: object,
     cost: CostModel,
     kr: KeyedRequest,
@@ -209,12 +213,12 @@ def _serve(
     window: _Window | None = None,
 ) -> None:
     req = kr.req
-    index.now = t
+    pool.now = t
     if window is None:
-        m = index.match(kr.keys, req.prompt_tokens - 1, kr.probe)
+        m = pool.match(kr.keys, req.prompt_tokens - 1, kr.probe)
     else:
-        window.admit(index, t)
-        m = index.match(kr.keys, req.prompt_tokens - 1, kr.probe, window.hidden_from(t))
+        window.admit(pool, t)
+        m = pool.match(kr.keys, req.prompt_tokens - 1, kr.probe, window.hidden_from(t))
     stats.requests += 1
     stats.prompt_tokens += req.prompt_tokens
     stats.hit_tokens += m.hit_tokens
@@ -225,10 +229,10 @@ def _serve(
     if oracle is not None:
         target = m.hit_node.key if m.hit_tokens else None
         oracle.record(t, [n.key for n in m.kv_nodes], target)
-    tip = m.kv_nodes[-1] if m.kv_nodes else index.root
-    h = index.lock(tip)
-    index.touch(m, t)
-    if index.promote(m, t):
+    tip = m.kv_nodes[-1] if m.kv_nodes else pool.root
+    h = pool.lock(tip)
+    pool.touch(h, m)
+    if pool.promote(h, m):
         stats.host_hits += 1
         stats.host_hit_tokens += m.hit_tokens
         stats.host_flops_saved += saved
@@ -239,16 +243,16 @@ def _serve(
         m.hit_tokens,
         m.kv_tokens,
         not tip.is_leaf,
-        index.block_tokens,
+        pool.block_tokens,
         req.exact_end,
         kr.key_at,
         kr.probe,
     )
     policy.observe(ctx, m.hit_node)  # type: ignore[attr-defined]
     positions = policy.snapshot_positions(ctx)  # type: ignore[attr-defined]
-    _commit(index, kr, m, h, positions, t, window)
+    _commit(pool, kr, m, h, positions, t, window)
     if window is None:
-        index.unlock(h)
+        pool.unlock(h)
     else:
         window.hold(t, h)
 
@@ -275,48 +279,49 @@ def replay(
     ``host_bytes`` > 0 adds a host tier of that size, ``host_bandwidth`` bytes/s each way;
     ``in_flight`` > 1 keeps that many requests in flight, ``visible_after`` (1..in_flight)
     sets when a request's inserts become visible, ``running_bytes`` is what each request in
-    flight holds outside the index, ``hold_snapshots=False`` lets what a request holds protect
+    flight holds outside the cache, ``hold_snapshots=False`` lets what a request holds protect
     its KV only, not its snapshots (vLLM's align mode; module docstring)."""
     if in_flight < 1:
         raise ValueError(f"in_flight must be >= 1, got {in_flight}")
     if not 1 <= visible_after <= in_flight:
         raise ValueError(f"visible_after must be in 1..{in_flight}, got {visible_after}")
-    index_budget = budget_bytes - in_flight * running_bytes
-    if running_bytes < 0 or index_budget < 0:
+    pool_budget = budget_bytes - in_flight * running_bytes
+    if running_bytes < 0 or pool_budget < 0:
         raise ValueError(f"running_bytes {running_bytes} x {in_flight} outside 0..budget")
     window = _Window(in_flight, visible_after) if in_flight > 1 else None
-    host = HostTier(host_bytes, host_bandwidth) if host_bytes > 0 else None
-    index = PrefixIndex(
+    pool = SimPool(
         block_tokens=cost.block_tokens,
         kv_bytes_per_token=cost.kv_bytes_per_token,
         snapshot_bytes=cost.snapshot_bytes,
-        budget_bytes=index_budget,
+        budget_bytes=pool_budget,
         policy=policy,  # type: ignore[arg-type]
-        host=host,
+        host_bytes=host_bytes,
+        host_bandwidth=host_bandwidth,
         hold_snapshots=hold_snapshots,
     )
+    host = None if pool.host is None else pool.host.tier
     stats = RunStats(
         name or getattr(policy, "name", "?"), budget_bytes, host_budget_bytes=host_bytes
     )
     started = time.perf_counter()
     for t, kr in enumerate(requests):
-        _serve(index, policy, cost, kr, t, stats, oracle, window)
-        if index.peak_bytes > index_budget:
-            raise BudgetViolation(f"{stats.policy}: peak {index.peak_bytes} > {index_budget}")
+        _serve(pool, policy, cost, kr, t, stats, oracle, window)
+        if pool.peak_bytes > pool_budget:
+            raise BudgetViolation(f"{stats.policy}: peak {pool.peak_bytes} > {pool_budget}")
         if host is not None and host.peak_bytes > host_bytes:
             raise BudgetViolation(f"{stats.policy}: host peak {host.peak_bytes} > {host_bytes}")
         if check_every and t % check_every == 0:
-            index.check_integrity()
+            pool.check_integrity()
         if progress is not None:
             progress(t + 1, len(requests))
     if window is not None:
-        window.release_all(index)
+        window.release_all(pool)
     stats.seconds = time.perf_counter() - started
-    stats.snapshots_taken = index.snapshots_admitted
-    stats.snapshots_kept = index.n_snapshots
-    stats.evicted_kv_blocks = index.evicted_kv_blocks
-    stats.evicted_snapshots = index.evicted_snapshots
-    stats.peak_bytes = index.peak_bytes
+    stats.snapshots_taken = pool.snapshots_admitted
+    stats.snapshots_kept = pool.n_snapshots
+    stats.evicted_kv_blocks = pool.evicted_kv_blocks
+    stats.evicted_snapshots = pool.evicted_snapshots
+    stats.peak_bytes = pool.peak_bytes
     if host is not None:
         stats.demoted = host.demoted
         stats.host_dropped = host.dropped

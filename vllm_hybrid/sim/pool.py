@@ -1,0 +1,370 @@
+"""The simulator's page pool: pages, reference counts and a byte budget under the one index.
+
+The simulator runs the engine's index (``core/index/``) over this pool, as the engine runs it
+over vLLM's ``BlockPool``: the pool owns pages and their reference counts, caches each page
+under one (block hash, group), reports every change to the index (events mode) and asks the
+index which free pages go when it needs room. So a simulated replay and an engine replay of
+the same token ids rank, keep and evict by the same code; only the pool underneath differs.
+
+How it models vLLM's pool, and where it does not:
+
+* one KV group (``KV_GROUP``, all attention layers) and one state group (``STATE_GROUP``, all
+  recurrent layers); a page holds one block of KV or one state snapshot;
+* a page has the bytes it really takes (a full KV block ``block_tokens * kv_bytes_per_token``,
+  a partial one ``n_tokens * kv_bytes_per_token``, a state ``snapshot_bytes``); vLLM pads every
+  page to one size (``bench/predict.py`` gives the simulator those bytes when it predicts an
+  engine row);
+* a page is cached the moment it is written (the simulator knows every block's content), so
+  the pool has no uncached pages; a key is cached once (no duplicate pages);
+* a request holds pages through a :class:`LockHandle`: the KV of its path, with
+  ``hold_snapshots`` the states on it too (else, as vLLM's align mode frees a state block once
+  a request has computed past it, states are free and rankable while the request runs); a
+  partial block's state is always held with it. A held page is in use and never a victim.
+
+Invariants (:meth:`SimPool.check_integrity`, with the index's own and the host tier's):
+
+P1. Every page is cached in the index under exactly the one (key, group) the pool gave it,
+    and the index holds no other page.
+P2. A page's reference count is the number of active handles that hold it; every active
+    handle's pages exist.
+P3. ``used_bytes`` is the sum of the pages' bytes, and ``used_bytes <= peak_bytes <=
+    budget_bytes``: room is made before bytes are taken, never after.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+from vllm_hybrid.core.host_ledger import HostLedger, host_slots
+from vllm_hybrid.core.index import HiddenFn, PrefixIndex, ProbeFn
+from vllm_hybrid.core.node import Match, Node
+from vllm_hybrid.core.policy import EvictionPolicy
+
+KV_GROUP, STATE_GROUP = 0, 1
+
+
+class BudgetError(RuntimeError):
+    """A commit took bytes the pool had not made room for (a bug, never bad input)."""
+
+
+class LockHandle:
+    """A request's hold on pages: the KV (and states) of its path, moved down as it inserts.
+
+    ``node`` is the deepest full block of the path (the root before any); ``pages`` the pages
+    held (each once)."""
+
+    __slots__ = ("node", "pages", "active")
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.pages: set[int] = set()
+        self.active = True
+
+
+class SimPool:
+    """A page pool with a byte budget whose cache the one prefix index ranks."""
+
+    def __init__(
+        self,
+        *,
+        block_tokens: int,
+        kv_bytes_per_token: int,
+        snapshot_bytes: int,
+        budget_bytes: int,
+        policy: EvictionPolicy,
+        host_bytes: int = 0,
+        host_bandwidth: float = 25e9,
+        hold_snapshots: bool = True,
+    ) -> None:
+        if block_tokens <= 0 or budget_bytes < 0 or kv_bytes_per_token < 0 or snapshot_bytes < 0:
+            raise ValueError("block_tokens must be > 0 and byte sizes >= 0")
+        self.block_tokens = block_tokens
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.kv_bytes_per_block = kv_bytes_per_token * block_tokens
+        self.snapshot_bytes = snapshot_bytes
+        self.budget_bytes = budget_bytes
+        self.hold_snapshots = hold_snapshots
+        self.index = PrefixIndex(
+            block_tokens=block_tokens,
+            kv_groups=[KV_GROUP],
+            state_groups=[STATE_GROUP],
+            policy=policy,
+            kv_bytes_per_token=kv_bytes_per_token,
+        )
+        self.index.use_free_events()
+        self.host: HostLedger | None = None
+        if host_bytes > 0 and snapshot_bytes > 0 and host_slots(host_bytes, snapshot_bytes):
+            slots = host_slots(host_bytes, snapshot_bytes)
+            self.host = HostLedger(self.index, slots, snapshot_bytes, host_bandwidth)
+        self.used_bytes = self.peak_bytes = 0
+        self.snapshots_admitted = self.evicted_kv_blocks = self.evicted_snapshots = 0
+        self._next_page = 0
+        self._bytes: dict[int, int] = {}  # page -> its bytes
+        self._page_of: dict[int, tuple[Hashable, int]] = {}  # page -> (key, group)
+        self._pages: tuple[dict[Hashable, int], dict[Hashable, int]] = ({}, {})  # by group
+        self._refs: dict[int, int] = {}  # page -> handles holding it (absent: 0)
+        self._handles: set[LockHandle] = set()
+
+    # ----------------------------------------------------------------- queries
+    @property
+    def root(self) -> Node:
+        return self.index.root
+
+    @property
+    def now(self) -> int:
+        return self.index.now
+
+    @now.setter
+    def now(self, t: int) -> None:
+        self.index.now = t
+
+    @property
+    def free_bytes(self) -> int:
+        return self.budget_bytes - self.used_bytes
+
+    @property
+    def n_snapshots(self) -> int:
+        return len(self._pages[STATE_GROUP])
+
+    def node_of(self, key: Hashable) -> Node | None:
+        return self.index.node_of(key)
+
+    def on_host(self, node: Node) -> bool:
+        """Whether ``node``'s snapshot is on the host tier (not in the pool)."""
+        return self.host is not None and self.host.tier.holds(node)
+
+    def match(
+        self,
+        block_hashes: Sequence[Hashable],
+        max_tokens: int,
+        probe: ProbeFn | None = None,
+        hidden: HiddenFn | None = None,
+    ) -> Match:
+        """The index's lookup, host snapshots counted (:meth:`PrefixIndex.match`)."""
+        host = None if self.host is None else self.host.tier.holds
+        return self.index.match(block_hashes, max_tokens, probe, hidden, host)
+
+    # ----------------------------------------------------------------- holds
+    def lock(self, node: Node) -> LockHandle:
+        """Hold the KV of ``node`` and its ancestors (and their states with
+        ``hold_snapshots``; a partial node's state always) until :meth:`unlock`."""
+        if not node.alive:
+            raise ValueError(f"cannot lock deleted {node!r}")
+        handle = LockHandle(node if node.n_tokens == self.block_tokens else node.parent or node)
+        pages: list[int] = []
+        walk: Node | None = node
+        kv, states = self._pages
+        while walk is not None and walk is not self.root:
+            pages.append(kv[walk.key])
+            state = states.get(walk.key)
+            if state is not None and (self.hold_snapshots or walk.n_tokens != self.block_tokens):
+                pages.append(state)
+            walk = walk.parent
+        self._handles.add(handle)
+        self._hold(handle, pages)
+        return handle
+
+    def unlock(self, handle: LockHandle) -> None:
+        if not handle.active:
+            raise ValueError("lock handle already released")
+        handle.active = False
+        self._handles.discard(handle)
+        self._release(handle, list(handle.pages))
+
+    def touch(self, handle: LockHandle, m: Match) -> None:
+        """A request used ``m``: its KV path and the state it resumes from (held by
+        ``handle`` as in use; the state let go at once without ``hold_snapshots``)."""
+        kv, states = self._pages
+        pages = [kv[n.key] for n in m.kv_nodes]
+        hit = m.hit_node
+        state = states.get(hit.key) if hit is not self.root else None
+        if hit.n_tokens != self.block_tokens and hit is not self.root:
+            pages.append(kv[hit.key])
+        if state is not None:
+            pages.append(state)
+        self._hold(handle, pages)
+        self.index.touch_pages(pages)
+        if state is not None and not self.hold_snapshots:
+            self._release(handle, [state])
+
+    # ----------------------------------------------------------------- commits
+    def insert_block(self, handle: LockHandle, key: Hashable, origin: int = -1) -> Node | None:
+        """Cache (or reuse) the full block ``key`` under the handle's node and move the handle
+        onto it. Makes room first; returns None (nothing changed) if it cannot."""
+        parent = self._live_handle_node(handle)
+        page = self._pages[KV_GROUP].get(key)
+        if page is None:
+            if not self.make_room(self.kv_bytes_per_block):
+                return None
+            end = parent.end_tokens + self.block_tokens
+            page = self._new_page(self.kv_bytes_per_block, key, KV_GROUP, handle)
+            self.index.add(page, key, KV_GROUP, end, parent.key, origin)
+        else:
+            self._hold(handle, [page])
+        node = self.index.live_node(key)
+        if node is None or node.parent is not parent:
+            raise ValueError(f"key {key!r} is cached elsewhere in the tree")
+        handle.node = node
+        return node
+
+    def admit_snapshot(self, handle: LockHandle, node: Node) -> bool:
+        """Keep a state snapshot at ``node.end_tokens`` (a live node on the handle's path);
+        held by the handle with ``hold_snapshots``. False if no room can be made."""
+        if not node.alive or not node.refs:
+            raise ValueError(f"admit_snapshot needs a live node in use, got {node!r}")
+        if node.key in self._pages[STATE_GROUP]:
+            return True
+        if not self.make_room(self.snapshot_bytes):
+            return False
+        holder = handle if self.hold_snapshots else None
+        page = self._new_page(self.snapshot_bytes, node.key, STATE_GROUP, holder)
+        self.index.add(page, node.key, STATE_GROUP, node.end_tokens, self._parent_key(node))
+        self.snapshots_admitted += 1
+        return True
+
+    def admit_partial(
+        self, handle: LockHandle, key: Hashable, n_tokens: int, origin: int = -1
+    ) -> Node | None:
+        """Keep the KV of ``n_tokens < block_tokens`` tokens after the handle's node and the
+        state at their end (an exact-position snapshot), not held. The handle does not move."""
+        parent = self._live_handle_node(handle)
+        if not 0 < n_tokens < self.block_tokens:
+            raise ValueError(f"partial block needs 0 < n_tokens < {self.block_tokens}")
+        if key in self._pages[KV_GROUP]:
+            return self.index.live_node(key)
+        kv_bytes = n_tokens * self.kv_bytes_per_token
+        if not self.make_room(kv_bytes + self.snapshot_bytes):
+            return None
+        end = parent.end_tokens + n_tokens
+        kv_page = self._new_page(kv_bytes, key, KV_GROUP, None)
+        state_page = self._new_page(self.snapshot_bytes, key, STATE_GROUP, None)
+        self.index.add(kv_page, key, KV_GROUP, end, parent.key, origin)
+        self.index.add(state_page, key, STATE_GROUP, end, parent.key, origin)
+        self.snapshots_admitted += 1
+        return self.index.live_node(key)
+
+    def promote(self, handle: LockHandle, m: Match) -> bool:
+        """Serve ``m``'s hit from the host tier if that is where its state is: copy it back
+        into a new page (made room for like any admit; the hit path is held by ``handle``).
+        Returns whether the hit came from the host; if no room can be made, the state is used
+        from the host and stays there."""
+        node = m.hit_node
+        if self.host is None or not self.host.tier.holds(node):
+            return False
+        if not node.refs:
+            raise ValueError(f"promote needs the hit path in use, got {node!r}")
+        tier = self.host.tier
+        priority = tier.take(node)
+        if self.make_room(self.snapshot_bytes):
+            holder = handle if self.hold_snapshots else None
+            page = self._new_page(self.snapshot_bytes, node.key, STATE_GROUP, holder)
+            self.index.add(page, node.key, STATE_GROUP, node.end_tokens, self._parent_key(node))
+        else:
+            tier.demote(node, priority)
+        self.host.take_ops()  # the simulator moves no bytes
+        return True
+
+    # ----------------------------------------------------------------- pages
+    def _live_handle_node(self, handle: LockHandle) -> Node:
+        node = handle.node
+        if not handle.active or not node.alive:
+            raise ValueError("lock handle is released or its node was evicted")
+        if node is not self.root and node.n_tokens != self.block_tokens:
+            raise ValueError("cannot extend a partial node")
+        return node
+
+    def _parent_key(self, node: Node) -> Hashable | None:
+        return None if node.parent is None else node.parent.key
+
+    def _new_page(self, n_bytes: int, key: Hashable, group: int, holder: LockHandle | None) -> int:
+        """A page of ``n_bytes`` for (key, group), held by ``holder`` if given; the caller
+        made room and caches it in the index next."""
+        if self.used_bytes + n_bytes > self.budget_bytes:
+            raise BudgetError(f"budget exceeded: {self.used_bytes + n_bytes} > {self.budget_bytes}")
+        page = self._next_page
+        self._next_page += 1
+        self.used_bytes += n_bytes
+        self.peak_bytes = max(self.peak_bytes, self.used_bytes)
+        self._bytes[page] = n_bytes
+        self._page_of[page] = (key, group)
+        self._pages[group][key] = page
+        if holder is not None:
+            self._hold(holder, [page])
+        return page
+
+    def _hold(self, handle: LockHandle, pages: list[int]) -> None:
+        refs, newly = self._refs, []
+        for page in pages:
+            if page in handle.pages:
+                continue
+            handle.pages.add(page)
+            n = refs.get(page, 0)
+            refs[page] = n + 1
+            if not n:
+                newly.append(page)
+        if newly:
+            self.index.pages_used(newly)
+
+    def _release(self, handle: LockHandle, pages: list[int]) -> None:
+        refs, freed = self._refs, []
+        for page in pages:
+            handle.pages.discard(page)
+            n = refs[page] - 1
+            if n:
+                refs[page] = n
+            else:
+                del refs[page]
+                freed.append(page)
+        if freed:
+            self.index.pages_freed(freed)
+
+    def _is_free(self, page: int) -> bool:
+        return page not in self._refs
+
+    def make_room(self, n_bytes: int) -> bool:
+        """Free the index's victims until ``n_bytes`` more fit; False if they cannot (what is
+        left is held). Commits call it; tests and callers may too."""
+        while self.budget_bytes - self.used_bytes < n_bytes:
+            victims = self.index.pick_victims(1, self._is_free)
+            if not victims:
+                return False
+            for page in victims:
+                self._drop(page)
+        if self.host is not None:
+            self.host.take_ops()  # demotions: the simulator moves no bytes
+        return True
+
+    def _drop(self, page: int) -> None:
+        """A victim leaves the pool (the index already let it go)."""
+        self.index.drop_page(page)
+        key, group = self._page_of.pop(page)
+        del self._pages[group][key]
+        self.used_bytes -= self._bytes.pop(page)
+        if group == KV_GROUP:
+            self.evicted_kv_blocks += 1
+        else:
+            self.evicted_snapshots += 1
+
+    # ----------------------------------------------------------------- integrity
+    def check_integrity(self) -> None:
+        """Assert P1-P3 (module docstring), then the index's and the host tier's invariants."""
+        index = self.index
+        assert set(index.cached) == self._page_of.keys(), "P1: pages cached in the index"
+        for page, (key, group) in self._page_of.items():
+            assert index.keys_of(page) == {(key, group)}, f"P1: page {page} in the index"
+            assert self._pages[group].get(key) == page, f"P1: page {page} in the pool's map"
+        assert sum(len(p) for p in self._pages) == len(self._page_of), "P1: the pool's map"
+        expected: dict[int, int] = {}
+        for handle in self._handles:
+            assert handle.active, "P2: an inactive handle is held"
+            for page in handle.pages:
+                assert page in self._page_of, f"P2: a handle holds page {page}, not in the pool"
+                expected[page] = expected.get(page, 0) + 1
+        assert expected == self._refs, "P2: reference counts != handles"
+        assert self.used_bytes == sum(self._bytes.values()), "P3: used bytes"
+        assert self.used_bytes <= self.peak_bytes <= self.budget_bytes or not self.used_bytes, (
+            f"P3: used {self.used_bytes} peak {self.peak_bytes} budget {self.budget_bytes}"
+        )
+        index.check_integrity(self._is_free)
+        if self.host is not None:
+            self.host.check_integrity()
