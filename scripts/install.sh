@@ -16,17 +16,11 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "[install] creating $VENV"
   "$PY" -m venv "$VENV"
 fi
-build_core() {  # the core's hot modules compiled with mypyc; the Python sources serve without
-  "$VENV/bin/python" scripts/build_core.py | tail -n 1
-}
+# Up to date: the same inputs as the last install, and the extension loads (it links against
+# torch's libraries, which only an `import torch` first puts in the process).
 if [ -f "$VENV/.install-stamp" ] && [ "$(cat "$VENV/.install-stamp")" = "$(stamp_now)" ] \
-   && "$VENV/bin/python" -c "import vllm_hybrid._C" 2>/dev/null; then
+   && "$VENV/bin/python" -c "import torch, vllm_hybrid._C" 2>/dev/null; then
   echo "[install] $VENV is up to date"
-  # the compiled core follows its sources (vllm_hybrid/core/_native.py): rebuild when stale
-  if ! "$VENV/bin/python" -W ignore -c \
-      "import sys, vllm_hybrid.core._native as n; sys.exit(n.MODE != 'compiled')"; then
-    build_core || true
-  fi
   exit 0
 fi
 echo "[install] installing into $VENV (a few minutes on a fresh machine)"
@@ -43,6 +37,5 @@ if [ "$EXTRA" = cpu ]; then base="torch==2.13.0"; else base="vllm==0.32.0"; fi
 if [ "$EXTRA" = cpu ]; then
   "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
-build_core || echo "[install] the core stays pure Python (slower scheduler steps)"
-"$VENV/bin/python" -c "import vllm, transformers, vllm_hybrid._C; print('[install] ok: vllm', vllm.__version__)"
+"$VENV/bin/python" -c "import torch, vllm, transformers, vllm_hybrid._C; print('[install] ok: vllm', vllm.__version__)"
 stamp_now > "$VENV/.install-stamp"
