@@ -1,0 +1,506 @@
+"""The compatibility layer (``adapters/vllm/compat/``) against the installed vLLM: one contract
+test per name of the layer (what it reaches exists, with the signature and return shape it
+relies on), the check that nothing outside the layer reaches a private vLLM name
+(``private_access.py`` states the rules), and docs/compat.md's table == the layer."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm", reason="needs the cpu extra")
+
+from vllm.v1.core.block_pool import BlockPool  # noqa: E402
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks  # noqa: E402
+from vllm.v1.core.kv_cache_utils import (  # noqa: E402
+    BlockHash,
+    make_block_hash_with_group_id,
+)
+
+from tests.adapters import private_access  # noqa: E402
+from vllm_hybrid.adapters.vllm import compat, version  # noqa: E402
+from vllm_hybrid.adapters.vllm.compat import block_pool as compat_pool  # noqa: E402
+from vllm_hybrid.adapters.vllm.compat import patches  # noqa: E402
+from vllm_hybrid.adapters.vllm.compat import scheduler as compat_sched  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "compat.md"
+
+
+def source(obj: Any) -> str:
+    return inspect.getsource(obj)
+
+
+def params(function: Any) -> list[str]:
+    return list(inspect.signature(function).parameters)
+
+
+def named_params(function: Any) -> set[str]:
+    """Parameter names, without ``*args``/``**kwargs``."""
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    found = inspect.signature(function).parameters.values()
+    return {p.name for p in found if p.kind not in variadic}
+
+
+def returns(function: Any) -> Any:
+    """The return annotation (vLLM's modules evaluate theirs)."""
+    return inspect.signature(function).return_annotation
+
+
+def vllm_file(relative: str) -> str:
+    import vllm
+
+    return (Path(vllm.__file__).parent / relative).read_text()
+
+
+# ------------------------------------------------------------------------------ scheduler
+def test_contract_SchedulerHooks() -> None:
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    lookup = Scheduler._get_local_prefix_cache_hit
+    assert params(lookup) == ["self", "request"]
+    assert returns(lookup) == tuple[KVCacheBlocks, int, int, bool]
+    assert params(Scheduler._mamba_block_aligned_split)[:3] == ["self", "request", "num_new_tokens"]
+    assert "self.mamba_shared_prefix_checkpoint" in source(Scheduler._mamba_block_aligned_split)
+    free = Scheduler._free_request
+    assert params(free) == ["self", "request", "delay_free_blocks"]
+    assert returns(free) == tuple[dict[str, Any] | None, dict[str, Any] | None]
+    schedule = source(Scheduler.schedule)  # vLLM calls them on self, so overrides run
+    assert "request.shared_prefix_boundary,\n" in schedule
+    assert "= self._get_local_prefix_cache_hit(request)" in schedule
+    assert "self._mamba_block_aligned_split(" in schedule
+    assert "self._free_request(" in source(Scheduler.finish_requests)
+    hooks = ("before_prefix_lookup", "after_prefix_lookup", "ends_chunk_exactly")
+    for name in (*hooks, "before_free_request", "after_free_request", "hooks_active"):
+        assert not hasattr(Scheduler, name) and not hasattr(AsyncScheduler, name), name
+
+
+def _bare_scheduler() -> Any:
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    class Probe(compat_sched.SchedulerHooks, Scheduler):
+        pass
+
+    return Probe.__new__(Probe)  # no __init__: only the methods matter here
+
+
+def test_contract_skip_split_hook() -> None:
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    probe = _bare_scheduler()
+    assert (
+        probe._mamba_block_aligned_split.__func__
+        is compat_sched.SchedulerHooks.__dict__["_mamba_block_aligned_split"]
+    )
+    compat.skip_split_hook(probe)
+    assert probe._mamba_block_aligned_split.__func__ is Scheduler._mamba_block_aligned_split
+
+
+def test_contract_set_retention_interval() -> None:
+    from vllm.v1.core.kv_cache_coordinator import KVCacheCoordinator
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+    assert "self.retention_interval = kv_cache_config.prefix_cache_retention_interval" in (
+        source(KVCacheCoordinator.__init__)
+    )
+    assert "retention_interval=self.retention_interval" in source(KVCacheCoordinator.cache_blocks)
+    assert "prefix_cache_retention_interval" in KVCacheConfig.__dataclass_fields__
+    sched = SimpleNamespace(
+        kv_cache_manager=SimpleNamespace(coordinator=SimpleNamespace(retention_interval=0)),
+        kv_cache_config=SimpleNamespace(prefix_cache_retention_interval=0),
+    )
+    assert compat.set_retention_interval(sched, 256)
+    assert sched.kv_cache_manager.coordinator.retention_interval == 256
+    assert sched.kv_cache_config.prefix_cache_retention_interval == 256
+
+
+def test_contract_enable_exact_stops() -> None:
+    from vllm.v1.core.kv_cache_coordinator import KVCacheCoordinator
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager, SingleTypeKVCacheManager
+
+    assert "self.shared_prefix_checkpoint = False" in source(SingleTypeKVCacheManager.__init__)
+    assert "self.shared_prefix_checkpoint" in source(MambaManager)
+    assert "self.mamba_partial_cache_hit = (" in source(Scheduler.__init__)
+    assert "self.num_reprefillable_tokens =" in source(KVCacheCoordinator.__init__)
+    fake = SimpleNamespace(mamba_partial_cache_hit=False, kv_cache_manager=None)
+    assert compat.enable_exact_stops(fake) is False  # no sub-block hits: nothing touched
+
+
+def test_contract_replace_cache_blocks() -> None:
+    from vllm.v1.core.kv_cache_coordinator import KVCacheCoordinator
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.single_type_kv_cache_manager import SingleTypeKVCacheManager
+
+    assert params(KVCacheCoordinator.cache_blocks) == ["self", "request", "num_computed_tokens"]
+    assert "self.coordinator.cache_blocks(request" in source(KVCacheManager)
+    inner = inspect.signature(SingleTypeKVCacheManager.cache_blocks).parameters
+    assert list(inner)[:4] == ["self", "request", "num_tokens", "retention_interval"]
+    assert inner["replay_boundaries"].kind is inspect.Parameter.KEYWORD_ONLY
+    coordinator = SimpleNamespace()
+    assert compat.replace_cache_blocks(coordinator, print)
+    assert coordinator.cache_blocks is print
+
+
+def test_contract_observe_prefix_lookups() -> None:
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+
+    assert returns(KVCacheManager.get_computed_blocks) == tuple[KVCacheBlocks, int, int]
+    seen = []
+    manager = SimpleNamespace(get_computed_blocks=lambda request: ("blocks", 16, 32))
+    assert compat.observe_prefix_lookups(manager, lambda *a: seen.append(a))
+    assert manager.get_computed_blocks("r") == ("blocks", 16, 32)
+    assert seen == [("r", "blocks", 16)]
+
+
+# ------------------------------------------------------------------------------ block pool
+class Recording(compat.HookedBlockPool):
+    def on_hash_inserted(self, key: Any, block: Any, num_tokens: Any) -> None:
+        self.log.append(("insert", key, block.block_id, num_tokens))
+
+    def on_hashes_removed(self, block: Any, removed: Any) -> None:
+        self.log.append(("remove", block.block_id, list(removed)))
+
+
+def recording_pool(**kwargs: Any) -> Any:
+    pool = BlockPool(num_gpu_blocks=8, enable_caching=True, hash_block_size=4, **kwargs)
+    assert compat.swap_pool_class(pool, Recording)
+    pool.log = []
+    return pool
+
+
+def fake_request(n_blocks: int) -> Any:
+    hashes = [BlockHash(f"h{i}".encode()) for i in range(n_blocks)]
+    return SimpleNamespace(request_id="r", block_hashes=hashes)
+
+
+def test_contract_HookedBlockPool() -> None:
+    assert params(BlockPool._insert_block_hash) == [
+        "self",
+        "block_hash_with_group_id",
+        "block",
+        "num_tokens",
+    ]
+    assert params(BlockPool._remove_cached_block_hashes) == ["self", "block"]
+    pool = recording_pool()
+    blocks = pool.get_new_blocks(2)
+    assert [kind for kind, *_ in pool.log] == ["remove", "remove"]  # vLLM's reuse of a block
+    pool.log.clear()
+    pool.cache_full_blocks(fake_request(2), blocks, 0, 2, 4, 0)  # through _insert_block_hash
+    key0 = make_block_hash_with_group_id(BlockHash(b"h0"), 0)
+    assert pool.log[:1] == [("insert", key0, blocks[0].block_id, 4)] and len(pool.log) == 2
+    pool.free_blocks(blocks)
+    pool.evict_blocks({blocks[0].block_id})  # through _remove_cached_block_hashes
+    assert pool.log[-1] == ("remove", blocks[0].block_id, [key0])
+
+
+def test_contract_swap_pool_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    pool = BlockPool(num_gpu_blocks=8, enable_caching=True, hash_block_size=4)
+    free = pool.get_num_free_blocks()
+    with pytest.raises(TypeError, match="not a HookedBlockPool"):
+        compat.swap_pool_class(pool, BlockPool)  # type: ignore[arg-type]
+    monkeypatch.setattr(compat_pool, "check_vllm_version", lambda what: False)
+    assert not compat.swap_pool_class(pool, Recording) and type(pool) is BlockPool
+    monkeypatch.undo()
+    assert compat.swap_pool_class(pool, Recording) and type(pool) is Recording
+    assert pool.get_num_free_blocks() == free  # vLLM's state kept
+    with pytest.raises(TypeError, match="expected vLLM's BlockPool"):
+        compat.swap_pool_class(pool, Recording)
+
+
+def test_contract_cache_block_key() -> None:
+    pool = recording_pool()
+    (block,) = pool.get_new_blocks(1)
+    pool.log.clear()
+    key = make_block_hash_with_group_id(BlockHash(b"k"), 1)
+    compat.cache_block_key(pool, key, block, 4)
+    assert pool.get_cached_block(BlockHash(b"k"), [1]) == [block]
+    assert pool.log == [("insert", key, block.block_id, 4)]
+
+
+def test_contract_drop_cached_hashes() -> None:
+    from vllm.distributed.kv_events import BlockRemoved
+
+    pool = recording_pool(enable_kv_cache_events=True)
+    blocks = pool.get_new_blocks(1)
+    key = make_block_hash_with_group_id(BlockHash(b"h0"), 0)
+    compat.cache_block_key(pool, key, blocks[0], 4)
+    assert compat.drop_cached_hashes(pool, blocks[0]) == [key]
+    assert blocks[0].block_hash is None and pool.get_cached_block(BlockHash(b"h0"), [0]) is None
+    assert [type(e) for e in pool.take_events()] == [BlockRemoved]
+    assert compat.drop_cached_hashes(pool, blocks[0]) == [] and not pool.take_events()
+
+
+def test_contract_evict_cached_block() -> None:
+    pool = recording_pool()
+    blocks = pool.get_new_blocks(2)
+    pool.cache_full_blocks(fake_request(1), blocks[:1], 0, 1, 4, 0)
+    assert compat.evict_cached_block(pool, blocks[0]) is True
+    assert compat.evict_cached_block(pool, blocks[1]) is False  # never cached
+
+
+def test_contract_notify_reuse() -> None:
+    pool = BlockPool(num_gpu_blocks=8, enable_caching=True, hash_block_size=4)
+    assert pool._reuse_watchers == {}
+    blocks = pool.get_new_blocks(2)
+    reused: list[int] = []
+    pool.unpin_blocks(blocks[:1], on_reuse=lambda b: reused.append(b.block_id))
+    compat.notify_reuse(pool, blocks)
+    compat.notify_reuse(pool, blocks)  # a watcher fires once
+    assert reused == [blocks[0].block_id] and pool._reuse_watchers == {}
+
+
+# ------------------------------------------------------------------------------ patches
+def test_contract_install_scheduler_selector() -> None:
+    from vllm.config.scheduler import SchedulerConfig
+    from vllm.v1.engine.core import EngineCore
+
+    init = source(EngineCore.__init__)
+    assert "Scheduler = vllm_config.scheduler_config.get_scheduler_cls()" in init
+    assert "self.scheduler: SchedulerInterface = Scheduler(" in init
+    assert "kv_cache_config=kv_cache_config," in init
+    import vllm
+
+    callers = [
+        p
+        for p in Path(vllm.__file__).parent.rglob("*.py")
+        if "get_scheduler_cls()" in p.read_text(errors="ignore")
+    ]
+    assert [p.name for p in callers] == ["core.py"]  # EngineCore only
+    assert params(SchedulerConfig.get_scheduler_cls) == ["self"]
+    choice = patches.SchedulerChoice(dict, lambda default, v, k: SimpleNamespace)
+    built = choice(vllm_config="v", kv_cache_config="k")  # builds the chosen class
+    assert built == SimpleNamespace(vllm_config="v", kv_cache_config="k")
+
+
+def test_contract_run_before_engine_config() -> None:
+    from vllm.engine.arg_utils import EngineArgs
+
+    assert params(EngineArgs.create_engine_config) == ["self", "usage_context", "headless"]
+    assert "engine_args.create_engine_config(usage_context)" in vllm_file("v1/engine/llm_engine.py")
+    assert "engine_args.create_engine_config(" in vllm_file(
+        "entrypoints/launchers/api_server/entry.py"
+    )
+    assert compat.run_before_engine_config(lambda args: None)  # idempotent once installed
+    assert getattr(EngineArgs.create_engine_config, patches.MARK, False)
+
+
+def test_contract_declare_scheduler_stats_field() -> None:
+    import dataclasses
+
+    from vllm.v1.engine import EngineCoreOutputs
+    from vllm.v1.metrics.stats import SchedulerStats
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    assert dataclasses.is_dataclass(SchedulerStats)
+    assert compat.declare_scheduler_stats_field("vllm_hybrid_probe")
+    stats = SchedulerStats()
+    assert stats.vllm_hybrid_probe is None  # type: ignore[attr-defined]
+    stats.vllm_hybrid_probe = {"x": 1.0}  # type: ignore[attr-defined]
+    wire = MsgpackEncoder().encode(EngineCoreOutputs(scheduler_stats=stats))
+    got = MsgpackDecoder(EngineCoreOutputs).decode(wire).scheduler_stats
+    assert got.vllm_hybrid_probe == {"x": 1.0}  # type: ignore[union-attr]
+
+
+def test_contract_replace_cpu_mamba2_ops() -> None:
+    import vllm.model_executor.layers.mamba.mamba_mixer2 as mixer2
+    import vllm.model_executor.layers.mamba.ops.ssd_combined as ssd_combined
+    from vllm.model_executor.layers.mamba.ops.cpu.mamba_ssm import (
+        _mamba_chunk_scan_combined_fwd_cpu as vllm_scan,
+    )
+    from vllm.model_executor.layers.mamba.ops.ssd_checkpoint import store_prefill_checkpoint
+
+    from vllm_hybrid.adapters.vllm import cpu_mamba2
+
+    assert "_mamba_chunk_scan_combined_fwd" in vars(ssd_combined)
+    varlen = source(ssd_combined.mamba_chunk_scan_combined_varlen)
+    assert "= _mamba_chunk_scan_combined_fwd(" in varlen  # looked up at call time
+    assert "store_prefill_checkpoint(" in source(mixer2)  # called through the module global
+    ours = named_params(cpu_mamba2.mamba_chunk_scan_combined_fwd_cpu)
+    assert named_params(vllm_scan) <= ours
+    assert params(store_prefill_checkpoint) == params(cpu_mamba2.store_prefill_checkpoint_cpu)
+
+
+def test_contract_replace_kv_block_copy() -> None:
+    import vllm.v1.worker.utils as worker_utils
+
+    from vllm_hybrid.adapters.vllm import kv_copy
+
+    vllms = kv_copy.VLLM_KV_CACHE_BLOCK_COPY or worker_utils.copy_kv_cache_blocks_inplace
+    assert params(vllms) == ["kv_caches", "num_blocks", "kv_cache_block_copies"]
+    assert params(kv_copy.copy_kv_cache_blocks_every_view) == params(vllms)
+    for name in patches.RUNNER_MODULES:
+        text = vllm_file(name.removeprefix("vllm.").replace(".", "/") + ".py")
+        assert "    copy_kv_cache_blocks_inplace,\n" in text, name  # bound by name at import
+
+
+# ------------------------------------------------------------------------------ server state
+def test_contract_server_vllm_config() -> None:
+    from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+
+    assert "state.vllm_config = vllm_config" in source(init_app_state)
+    app = SimpleNamespace(state=SimpleNamespace(vllm_config="c"))
+    assert compat.server_vllm_config(app) == "c" and compat.server_vllm_config(None) is None
+
+
+def test_contract_server_args() -> None:
+    from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+
+    assert "state.args = args" in source(init_app_state)
+    app = SimpleNamespace(state=SimpleNamespace(args="a"))
+    assert compat.server_args(app) == "a" and compat.server_args(SimpleNamespace()) is None
+
+
+def test_contract_anthropic_merge_inline_system() -> None:
+    from vllm.entrypoints.anthropic.serving import AnthropicServingMessages
+
+    assert "self._merge_inline_system = " in source(AnthropicServingMessages.__init__)
+    convert = inspect.signature(AnthropicServingMessages.to_chat_completion_request)
+    assert convert.parameters["merge_inline_system"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert "state.anthropic_serving_messages = " in vllm_file("entrypoints/generate/api_router.py")
+    serving = SimpleNamespace(_merge_inline_system=True)
+    app = SimpleNamespace(state=SimpleNamespace(anthropic_serving_messages=serving))
+    assert compat.anthropic_merge_inline_system(app) is True
+    assert compat.anthropic_merge_inline_system(SimpleNamespace()) is False
+
+
+# ------------------------------------------------------------------------------ the layer
+def test_every_name_of_the_layer_has_its_contract_test() -> None:
+    tests = {n for n in globals() if n.startswith("test_contract_")}
+    assert tests == {f"test_contract_{name}" for name in compat.__all__}
+    for name in compat.__all__:
+        assert getattr(compat, name).__module__ == f"{compat.__name__}.{compat.WHERE[name]}"
+
+
+def test_every_patch_is_behind_the_version_gate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On another vLLM release each installer refuses and changes nothing."""
+    monkeypatch.setattr(version, "installed_vllm_version", lambda: "0.31.9")
+    for module in (compat_sched, patches):
+        monkeypatch.setattr(module, "check_vllm_version", version.check_vllm_version)
+    coordinator = SimpleNamespace()
+    assert not compat.replace_cache_blocks(coordinator, print) and not vars(coordinator)
+    manager = SimpleNamespace(get_computed_blocks=len)
+    assert not compat.observe_prefix_lookups(manager, print) and manager.get_computed_blocks is len
+    sched = SimpleNamespace()
+    assert not compat.set_retention_interval(sched, 1) and not vars(sched)
+    assert not compat.enable_exact_stops(SimpleNamespace(mamba_partial_cache_hit=True))
+    assert compat.replace_kv_block_copy(print) is None
+    assert not compat.replace_cpu_mamba2_ops(print, print)
+    assert not compat.declare_scheduler_stats_field("vllm_hybrid_other_version")
+
+
+def test_no_private_vllm_access_outside_the_layer() -> None:
+    found = [str(f) for f in private_access.findings()]
+    assert not found, "reaches into vLLM outside adapters/vllm/compat:\n" + "\n".join(found)
+
+
+PROBE = """
+import vllm.v1.worker.utils as worker_utils
+from vllm.config.scheduler import SchedulerConfig
+from vllm.v1.core import _private
+from vllm.v1.core.block_pool import BlockPool
+
+
+class Pool(BlockPool):
+    def _insert_block_hash(self, key, block, num_tokens):
+        return super()._insert_block_hash(key, block, num_tokens)
+
+    def mine(self):
+        return self._reuse_watchers, self._hy_own
+
+
+def go(pool, app, manager, hybrid_pool):
+    pool._maybe_evict_cached_block(None)
+    getattr(app.state.anthropic_serving_messages, "_merge_inline_system", False)
+    pool.__class__ = Pool
+    SchedulerConfig.get_scheduler_cls = go
+    setattr(SchedulerConfig, "other", 1)
+    worker_utils.copy_kv_cache_blocks_inplace = None
+    manager.get_computed_blocks = lambda request: None
+    hybrid_pool._hy_mirror = None
+    return SchedulerConfig.__dict__, hybrid_pool._hy_own
+"""
+
+
+def test_the_check_sees_each_kind_of_reach(tmp_path: Path) -> None:
+    """A module (not importable: the scanner then reads its bases from its imports) with
+    reaches of each rule, and two private names of ours that are allowed (``_hy_own``)."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    got = private_access.scan(probe, {"_hy_own"}, private_access.vllm_private_names())
+    lines = PROBE.splitlines()
+    by_rule: dict[str, list[str]] = {}
+    for finding in got:
+        by_rule.setdefault(finding.rule, []).append(lines[finding.line - 1].strip())
+    assert by_rule == {
+        "R7": ["from vllm.v1.core import _private"],
+        "R2": [
+            "def _insert_block_hash(self, key, block, num_tokens):",
+            "return super()._insert_block_hash(key, block, num_tokens)",
+            "return self._reuse_watchers, self._hy_own",
+        ],
+        "R1": ["pool._maybe_evict_cached_block(None)", "hybrid_pool._hy_mirror = None"],
+        "R3": ['getattr(app.state.anthropic_serving_messages, "_merge_inline_system", False)'],
+        "R4": ["pool.__class__ = Pool", "return SchedulerConfig.__dict__, hybrid_pool._hy_own"],
+        "R5": [
+            "SchedulerConfig.get_scheduler_cls = go",
+            'setattr(SchedulerConfig, "other", 1)',
+            "worker_utils.copy_kv_cache_blocks_inplace = None",
+        ],
+        "R6": [
+            "SchedulerConfig.get_scheduler_cls = go",
+            "manager.get_computed_blocks = lambda request: None",
+        ],
+    }
+
+
+# ------------------------------------------------------------------------------ the docs
+def doc_rows() -> list[list[str]]:
+    """The rows of docs/compat.md's hook table (the one whose header starts with 'our name')."""
+    rows, inside = [], False
+    for line in DOC.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| our name"):
+            inside = True
+        elif inside and line.startswith("|") and not set(line) <= set("|-: "):
+            rows.append(cells)
+        elif inside and not line.startswith("|"):
+            break
+    return rows
+
+
+def test_the_docs_table_lists_exactly_the_layer() -> None:
+    rows = doc_rows()
+    names = [re.sub(r"[`()]", "", row[0]) for row in rows]
+    assert sorted(names) == sorted(compat.__all__), "docs/compat.md's table != compat.__all__"
+    assert len(set(names)) == len(names)
+    contract_tests = {n for n in globals() if n.startswith("test_contract_")}
+    import vllm
+
+    vllm_root = Path(vllm.__file__).parent
+    for name, row in zip(names, rows, strict=True):
+        assert f"`test_contract_{name}`" in row[-1] and f"test_contract_{name}" in contract_tests
+        files = re.findall(r"`vllm/([\w/]+\.py)", row[1])
+        assert files, f"{name}: the vLLM file it touches is not named"
+        for relative in files:
+            assert (vllm_root / relative).is_file(), f"{name}: no vllm/{relative}"
+
+
+def test_compat_modules_import_nothing_of_the_adapter_but_version_and_config() -> None:
+    """The layer sits at the bottom of the adapter: it may use the version gate and config's
+    layout helpers, never the modules that use it."""
+    allowed = {"vllm_hybrid.adapters.vllm.version", "vllm_hybrid.adapters.vllm.config"}
+    for path in sorted(private_access.COMPAT.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("vllm_hybrid"):
+                assert node.module in allowed or node.module.startswith(compat.__name__), (
+                    path.name,
+                    node.module,
+                )
