@@ -18,7 +18,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -116,13 +116,27 @@ def build_model(
         raise ValueError(f"unknown size {size!r}; expected one of {SIZES}")
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(DTYPES)}")
-    out = Path(out_dir).resolve()
     stamp = build_stamp(arch, size, seed, dtype)
+    return build_checkpoint(
+        out_dir, stamp, lambda tmp: _write_build(tmp, arch, size, seed, dtype), force
+    )
+
+
+def build_checkpoint(
+    out_dir: str | os.PathLike[str],
+    stamp: dict[str, Any],
+    write: Callable[[Path], None],
+    force: bool = False,
+) -> Path:
+    """Build a checkpoint into ``out_dir`` with ``write(tmp_dir)`` unless ``out_dir`` already
+    holds one with this ``stamp`` (or ``force``); locked, written aside and moved in, the stamp
+    last, so a reader never sees half a build. Returns the resolved path."""
+    out = Path(out_dir).resolve()
     with _build_lock(out):
         if not force and read_stamp(out) == stamp:
             return out
         with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.build-") as tmp:
-            _write_build(Path(tmp), arch, size, seed, dtype)
+            write(Path(tmp))
             Path(tmp, STAMP_NAME).write_text(json.dumps(stamp, indent=2) + "\n")
             _install(Path(tmp), out)
     return out
