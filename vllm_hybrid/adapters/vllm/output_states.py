@@ -89,6 +89,11 @@ class OutputStates:
             for group_id, manager in enumerate(managers)
             if manager.enable_caching
         ]
+        self.installed = self._install_cache_blocks()
+
+    def _install_cache_blocks(self) -> bool:
+        """Put the stand-in for ``KVCacheCoordinator.cache_blocks`` on the coordinator
+        (``compat.replace_cache_blocks``); False where the gate refused."""
         coordinator, caching = self.coordinator, self._caching
         cacheable = coordinator.get_num_cacheable_tokens
         block, boundary = self.block_tokens, self._cache_boundary
@@ -113,7 +118,7 @@ class OutputStates:
             else:
                 boundary(request, num_computed_tokens)
 
-        self.installed = replace_cache_blocks(coordinator, cache_blocks)  # on the instance
+        return replace_cache_blocks(coordinator, cache_blocks)  # on the instance
 
     @classmethod
     def install(cls, scheduler: Any, policy: Any, sub_block: bool) -> OutputStates | None:

@@ -118,11 +118,7 @@ def activate(scheduler: Any) -> HybridBlockPool | None:
     )
     mirror = _mirror(config, cost, pool.num_gpu_blocks, block_tokens, kv, state)
     if config.snapshot_every != "engine":
-        interval = periodic_interval(
-            config.snapshot_every, getattr(mirror.policy, "interval_tokens", None), block_tokens
-        )
-        # None is vLLM's "dense" (a state at every block); 0 keeps prompt ends and junctions.
-        set_retention_interval(scheduler, None if interval == block_tokens else interval)
+        _periodic_snapshots(scheduler, config, mirror, block_tokens)
     hybrid = install(pool, mirror)
     hybrid.hybrid.block_bytes = block_bytes(scheduler.kv_cache_config)
     hybrid.hybrid.feed = RequestFeed(mirror.policy, cost, pool.hash_block_size)
@@ -142,6 +138,17 @@ def activate(scheduler: Any) -> HybridBlockPool | None:
         coordinator.retention_interval,
     )
     return hybrid
+
+
+def _periodic_snapshots(
+    scheduler: Any, config: HybridCacheConfig, mirror: PoolMirror, block_tokens: int
+) -> None:
+    """The retention interval ``snapshot_every`` asks for (``auto``: the policy's)."""
+    interval = periodic_interval(
+        config.snapshot_every, getattr(mirror.policy, "interval_tokens", None), block_tokens
+    )
+    # None is vLLM's "dense" (a state at every block); 0 keeps prompt ends and junctions.
+    set_retention_interval(scheduler, None if interval == block_tokens else interval)
 
 
 def _mirror(
