@@ -3,7 +3,9 @@
 The engine row reports its pool layout (:class:`PoolLayout`); the simulator (``sim/replay.py``)
 then replays the very token ids the engine saw, in arrival order, one request at a time, with
 the same policy object the engine's scheduler ran (``stock`` is modelled by the ``vllm`` policy,
-vLLM's align mode), bytes counted in the engine's pages and a budget of the engine's whole pool.
+vLLM's align mode) over the same index code (``core/index/``), snapshots where the engine takes
+them (:data:`ENGINE_ADMISSION`), bytes counted in the engine's pages and a budget of the
+engine's whole pool.
 
 With ``in_flight=None`` that is the one-request-at-a-time replay with the whole pool, which
 ignores what the requests in flight take: their pages, and their blocks computed in the same
@@ -34,6 +36,12 @@ from vllm_hybrid.sim.trace import KeyedRequest, SimRequest
 
 #: The simulator's model of each bench row that is not a core policy name.
 SIM_POLICY = {STOCK: "vllm"}
+#: Where the engine takes state snapshots, whatever policy ranks its cache: vLLM's align mode
+#: (a prompt's last block boundary, junctions of a shared prefix; ``snapshot_every`` at its
+#: default ``engine``), which the ``vllm`` policy's admission models. The simulator replays a
+#: row with it so that the prediction runs what the engine runs (a ``flop`` of its own would
+#: also take periodic checkpoints and exact ends the engine does not).
+ENGINE_ADMISSION = "vllm"
 
 
 @dataclass(frozen=True)
@@ -138,10 +146,19 @@ def predict_hit_rate(
     cost = layout.cost_model()
     keyed = [KeyedRequest(r, layout.block_tokens) for r in sim_requests(reqs, layout.block_tokens)]
     budget = layout.blocks * layout.page_bytes
+    admission = POLICIES[ENGINE_ADMISSION](cost)
     if in_flight is None:
-        stats = replay(keyed, cost, POLICIES[name](cost), budget)
+        stats = replay(keyed, cost, POLICIES[name](cost), budget, admission=admission)
         return stats.token_hit_rate
     n = sim_in_flight(layout, in_flight)
     run = running_bytes(layout)
-    stats = replay(keyed, cost, POLICIES[name](cost), budget, in_flight=n, running_bytes=run)
+    stats = replay(
+        keyed,
+        cost,
+        POLICIES[name](cost),
+        budget,
+        in_flight=n,
+        running_bytes=run,
+        admission=admission,
+    )
     return stats.token_hit_rate

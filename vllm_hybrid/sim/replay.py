@@ -202,40 +202,38 @@ class _Window:
         return hidden
 
 
-def _serve(
-    pool: SimPool,
-    policy: object,
-    cost: CostModel,
-    kr: KeyedRequest,
-    t: int,
-    stats: RunStats,
-    oracle: BeladyOracle | None,
-    window: _Window | None = None,
-) -> None:
-    req = kr.req
+@dataclass
+class _Run:
+    """What every request of one replay is served with."""
+
+    pool: SimPool
+    policy: object  # ranks (the index asks it) and learns (observe)
+    admission: object  # chooses snapshot positions (snapshot_positions)
+    cost: CostModel
+    stats: RunStats
+    oracle: BeladyOracle | None
+    window: _Window | None
+
+
+def _serve(run: _Run, kr: KeyedRequest, t: int) -> None:
+    pool, req, window = run.pool, kr.req, run.window
     pool.now = t
     if window is None:
         m = pool.match(kr.keys, req.prompt_tokens - 1, kr.probe)
     else:
         window.admit(pool, t)
         m = pool.match(kr.keys, req.prompt_tokens - 1, kr.probe, window.hidden_from(t))
-    stats.requests += 1
-    stats.prompt_tokens += req.prompt_tokens
-    stats.hit_tokens += m.hit_tokens
-    stats.state_hits += m.hit_tokens > 0
-    stats.flops_total += cost.span_flops(0, req.prompt_tokens)
-    saved = cost.span_flops(0, m.hit_tokens)
-    stats.flops_saved += saved
-    if oracle is not None:
+    saved = _count(run, req.prompt_tokens, m)
+    if run.oracle is not None:
         target = m.hit_node.key if m.hit_tokens else None
-        oracle.record(t, [n.key for n in m.kv_nodes], target)
+        run.oracle.record(t, [n.key for n in m.kv_nodes], target)
     tip = m.kv_nodes[-1] if m.kv_nodes else pool.root
     h = pool.lock(tip)
     pool.touch(h, m)
     if pool.promote(h, m):
-        stats.host_hits += 1
-        stats.host_hit_tokens += m.hit_tokens
-        stats.host_flops_saved += saved
+        run.stats.host_hits += 1
+        run.stats.host_hit_tokens += m.hit_tokens
+        run.stats.host_flops_saved += saved
     ctx = AdmitContext(
         t,
         req.prompt_tokens,
@@ -248,13 +246,26 @@ def _serve(
         kr.key_at,
         kr.probe,
     )
-    policy.observe(ctx, m.hit_node)  # type: ignore[attr-defined]
-    positions = policy.snapshot_positions(ctx)  # type: ignore[attr-defined]
+    run.policy.observe(ctx, m.hit_node)  # type: ignore[attr-defined]
+    positions = run.admission.snapshot_positions(ctx)  # type: ignore[attr-defined]
     _commit(pool, kr, m, h, positions, t, window)
     if window is None:
         pool.unlock(h)
     else:
         window.hold(t, h)
+
+
+def _count(run: _Run, prompt_tokens: int, m: Match) -> float:
+    """Add a request's lookup to the totals; returns the FLOPs its hit saves."""
+    stats, cost = run.stats, run.cost
+    stats.requests += 1
+    stats.prompt_tokens += prompt_tokens
+    stats.hit_tokens += m.hit_tokens
+    stats.state_hits += m.hit_tokens > 0
+    stats.flops_total += cost.span_flops(0, prompt_tokens)
+    saved = cost.span_flops(0, m.hit_tokens)
+    stats.flops_saved += saved
+    return saved
 
 
 def replay(
@@ -273,6 +284,7 @@ def replay(
     visible_after: int = 1,
     running_bytes: int = 0,
     hold_snapshots: bool = True,
+    admission: object | None = None,
 ) -> RunStats:
     """Replay ``requests``; ``oracle`` (if given) records future uses for a Belady run;
     ``check_every`` > 0 runs ``check_integrity()`` every that many requests (slow);
@@ -280,7 +292,9 @@ def replay(
     ``in_flight`` > 1 keeps that many requests in flight, ``visible_after`` (1..in_flight)
     sets when a request's inserts become visible, ``running_bytes`` is what each request in
     flight holds outside the cache, ``hold_snapshots=False`` lets what a request holds protect
-    its KV only, not its snapshots (vLLM's align mode; module docstring)."""
+    its KV only, not its snapshots (vLLM's align mode; module docstring); ``admission``: the
+    policy that chooses where snapshots are taken (default ``policy``; e.g. an engine that
+    ranks by ``policy`` but keeps states where vLLM's align mode does)."""
     if in_flight < 1:
         raise ValueError(f"in_flight must be >= 1, got {in_flight}")
     if not 1 <= visible_after <= in_flight:
@@ -304,8 +318,9 @@ def replay(
         name or getattr(policy, "name", "?"), budget_bytes, host_budget_bytes=host_bytes
     )
     started = time.perf_counter()
+    run = _Run(pool, policy, admission or policy, cost, stats, oracle, window)
     for t, kr in enumerate(requests):
-        _serve(pool, policy, cost, kr, t, stats, oracle, window)
+        _serve(run, kr, t)
         if pool.peak_bytes > pool_budget:
             raise BudgetViolation(f"{stats.policy}: peak {pool.peak_bytes} > {pool_budget}")
         if host is not None and host.peak_bytes > host_bytes:
