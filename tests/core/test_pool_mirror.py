@@ -223,20 +223,13 @@ def test_random_operations_keep_invariants(ops: list, policy: str, waiting: list
 
 
 def test_optional_on_evicted_hook_is_called_before_the_unit_goes() -> None:
-    mirror = make("vllm")
     seen: list[tuple[str, bool, bool]] = []
 
-    class Hooked:  # the policy with the hook (a compiled policy takes no new attribute)
-        def __init__(self, inner: object) -> None:
-            self.inner = inner
-
-        def __getattr__(self, name: str) -> object:
-            return getattr(self.inner, name)
-
+    class Hooked(POLICIES["vllm"]):  # type: ignore[misc,valid-type]
         def on_evicted(self, node: Node, snap: bool, n: int) -> None:
             seen.append((node.key, snap, node.has_snapshot))
 
-    mirror.policy = Hooked(mirror.policy)  # type: ignore[assignment]
+    mirror = PoolMirror(block_tokens=B, kv_groups=[KV], state_groups=[S1, S2], policy=Hooked(COST))
     pool = Pool(mirror)
     pool.cache("a", snap_at={1})
     pool.evict(3)

@@ -335,8 +335,8 @@ class SimPool:
         return True
 
     def _drop(self, page: int) -> None:
-        """A victim leaves the pool (the index already let it go)."""
-        self.index.drop_page(page)
+        """A victim leaves the pool. The index let it go when it picked it (an engine reports
+        the drop with ``drop_page`` as well, which then changes nothing: skipped here)."""
         key, group = self._page_of.pop(page)
         del self._pages[group][key]
         self.used_bytes -= self._bytes.pop(page)

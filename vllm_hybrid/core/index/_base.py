@@ -63,6 +63,7 @@ class IndexFields:
     state_groups: frozenset[int]
     _is_state: dict[int, bool]
     policy: EvictionPolicy
+    _on_evicted: Callable[[Node, bool, int], None] | None
     kv_bytes_per_token: int
     root: Node
     now: int

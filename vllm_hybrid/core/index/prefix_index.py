@@ -92,6 +92,8 @@ class PrefixIndex(PageMap, LiveTrie, VictimPicker, IndexIntegrity):
         self.state_groups = frozenset(state_groups)
         self._is_state = {g: False for g in self.kv_groups} | {g: True for g in self.state_groups}
         self.policy = policy
+        #: the policy's optional hook, told of each unit before it goes (``core/policy.py``)
+        self._on_evicted = getattr(policy, "on_evicted", None)
         self.kv_bytes_per_token = kv_bytes_per_token
         self.root = Node(None, None, 0, 0, 0)
         self.now = 0

@@ -139,6 +139,9 @@ class LiveTrie(IndexFields):
 
     def _attach(self, top: Entry) -> None:
         """``top`` (whose parent is live) becomes live, with every entry below it that can."""
+        if top.node.key not in self._kids:  # no entry below it: the usual, new block
+            self._attach_leaf(top)
+            return
         order, stack = [], [top]
         entries, all_kids, dead, dirty = self._entries, self._kids, self._dead, self._dirty
         b, kv_groups = self.block_tokens, self.kv_groups
@@ -172,6 +175,26 @@ class LiveTrie(IndexFields):
             self._add_refs(top.node.parent, 1)
         self._mark_parent(top.node)
 
+    def _attach_leaf(self, entry: Entry) -> None:
+        """:meth:`_attach` of an entry with no entry below it (the same steps, no walk)."""
+        node, root = entry.node, self.root
+        parent = root if entry.parent_key is None else self._entries[entry.parent_key].node
+        node.parent, node.refs = parent, entry.used
+        n_tokens = node.end_tokens - node.start_tokens
+        if n_tokens == self.block_tokens:
+            parent.children[node.key] = node
+        else:
+            parent.partials.setdefault(n_tokens, {})[node.key] = node
+        entry.live = True
+        self._dead.discard(node.key)
+        self._n_live += 1
+        node.version += 1  # _mark, inlined
+        self._dirty[entry.serial] = entry
+        if node.refs:
+            self._add_refs(parent, 1)
+        if parent is not root:
+            self._mark(self._entries[parent.key])
+
     def _detach(self, top: Entry) -> None:
         """``top`` is no longer live, nor is anything below it."""
         node = top.node
@@ -186,6 +209,13 @@ class LiveTrie(IndexFields):
         if node.refs:
             self._add_refs(parent, -1)
         self._mark_parent(node)
+        if not node.children and not node.partials:  # a leaf: the usual victim
+            top.live = False
+            self._dead.add(node.key)
+            self._n_live -= 1
+            node.parent, node.refs = None, 0
+            node.version += 1
+            return
         stack = [node]
         entries, dead = self._entries, self._dead
         while stack:

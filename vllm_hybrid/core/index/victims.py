@@ -143,7 +143,8 @@ class VictimPicker(IndexFields):
         return node.has_snapshot and entry.used_state == 0
 
     def _pop_valid(self) -> tuple[Item, Entry] | None:
-        self._flush()
+        if self._dirty:
+            self._flush()
         heap, by_serial, pop, valid = self._heap, self._by_serial, heapq.heappop, self._valid
         while heap:
             item = pop(heap)
@@ -216,7 +217,7 @@ class VictimPicker(IndexFields):
             if self._n_free_state <= state_target:
                 return
             pages = self._unit_pages(entry, SNAP)
-            if all(self._free(p, is_free) for p in pages):
+            if self._all_free(pages, is_free):
                 item = (float("-inf"), entry.node.end_tokens, serial, SNAP, entry.node.version)
                 self._take_unit(item, entry, pages, out, taken)
 
@@ -244,10 +245,7 @@ class VictimPicker(IndexFields):
                 break
             item, entry = popped
             pages = self._unit_pages(entry, item[3])
-            used = self._used
-            if any(p in used or not is_free(p) for p in pages) and not all(
-                self._free(p, is_free) for p in pages
-            ):
+            if not self._all_free(pages, is_free):
                 continue  # the mirror had missed a use: the unit waits until it is free
             if state_target is not None and item[3] == KV and not self._holds_state(pages):
                 passed.append(item)
@@ -259,14 +257,26 @@ class VictimPicker(IndexFields):
             heapq.heappush(self._heap, item)
         return held
 
+    def _all_free(self, pages: list[int], is_free: IsFree) -> bool:
+        """Every page is free by the mirror's knowledge and by ``is_free``; the first page
+        ``is_free`` finds in use (a use the mirror missed) is marked so."""
+        used = self._used
+        for page in pages:
+            if page in used:
+                return False
+            if not is_free(page):
+                self._set_used(page, True)
+                return False
+        return True
+
     def _take_unit(
         self, item: Item, entry: Entry, pages: list[int], out: list[int], taken: set[int]
     ) -> None:
         """Evict one policy unit: tell the policy, drop its pages from the mirror."""
         prio, kind = item[0], item[3]
         self.policy.on_evict(prio)
-        hook = getattr(self.policy, "on_evicted", None)  # optional (core/policy.py)
-        if hook is not None:  # as PrefixIndex calls it: before the unit goes
+        hook = self._on_evicted  # the policy's optional hook (core/policy.py)
+        if hook is not None:  # before the unit goes
             hook(entry.node, kind == SNAP, self._n_live)  # live entries, not units
         if kind == SNAP:
             self.stats.snapshot_units += 1
@@ -294,7 +304,7 @@ class VictimPicker(IndexFields):
             return sorted(p for g in self.state_groups if g in pages for p in pages[g])
         node = entry.node
         if not node.children and not node.partials:  # a leaf (the usual unit)
-            return list(dict.fromkeys(sorted(p for ps in entry.pages.values() for p in ps)))
+            return sorted({p for ps in entry.pages.values() for p in ps})
         out: dict[int, None] = {}
         stack = [entry.node]
         while stack:
