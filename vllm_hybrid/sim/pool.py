@@ -324,8 +324,12 @@ class SimPool:
     def make_room(self, n_bytes: int) -> bool:
         """Free the index's victims until ``n_bytes`` more fit; False if they cannot (what is
         left is held). Commits call it; tests and callers may too."""
+        largest = max(self.kv_bytes_per_block, self.snapshot_bytes, 1)
         while self.budget_bytes - self.used_bytes < n_bytes:
-            victims = self.index.pick_victims(1, self._is_free)
+            # at least this many pages must go (none frees more than the largest): asking for
+            # them at once evicts what one page at a time would, in fewer calls
+            short = n_bytes - (self.budget_bytes - self.used_bytes)
+            victims = self.index.pick_victims(-(-short // largest), self._is_free)
             if not victims:
                 return False
             for page in victims:

@@ -126,6 +126,7 @@ def _commit(
 ) -> None:
     b = pool.block_tokens
     wanted = set(positions)
+    pool.make_room(_new_bytes(pool, kr, m, wanted))  # at once, as an engine allocates
     for pos in sorted(p for p in wanted if p % b == 0 and 0 < p <= m.kv_tokens):
         _admit_snapshot(pool, h, m.kv_nodes[pos // b - 1], t, window)
     for i in range(len(m.kv_nodes), len(kr.keys)):
@@ -140,6 +141,27 @@ def _commit(
         partial = pool.admit_partial(h, tail, end % b, origin=t)
         if window is not None and partial is not None:
             window.extra.append(pool.lock(partial))  # the request's state: held while it runs
+
+
+def _new_bytes(pool: SimPool, kr: KeyedRequest, m: Match, wanted: set[int]) -> int:
+    """The bytes :func:`_commit` will take: the blocks past the KV hit not cached yet, the
+    snapshots at ``wanted`` block ends not held yet, and an exact end's partial block. Room
+    for all of them is made in one go, as vLLM's ``KVCacheManager.allocate_slots`` takes a
+    prefill's blocks in one ``BlockPool.get_new_blocks`` call (fewer, larger evictions; the
+    same victims, since the request's own pages are held)."""
+    b, node_of = pool.block_tokens, pool.node_of
+    keys = kr.keys
+    blocks = sum(node_of(keys[i]) is None for i in range(len(m.kv_nodes), len(keys)))
+    states = 0
+    for pos in wanted:
+        if pos % b or pos <= 0 or pos > len(keys) * b:
+            continue
+        node = node_of(keys[pos // b - 1])
+        states += node is None or not node.has_snapshot
+    end, n_bytes = kr.req.cacheable_tokens, blocks * pool.kv_bytes_per_block
+    if end in wanted and end % b and kr.tail_key is not None and node_of(kr.tail_key) is None:
+        n_bytes += (end % b) * pool.kv_bytes_per_token + pool.snapshot_bytes
+    return n_bytes + states * pool.snapshot_bytes
 
 
 def _admit_snapshot(
