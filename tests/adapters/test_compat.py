@@ -283,12 +283,13 @@ def test_contract_install_scheduler_selector() -> None:
 def test_contract_run_before_engine_config() -> None:
     from vllm.engine.arg_utils import EngineArgs
 
+    assert compat.run_before_engine_config(lambda args: None)  # installed (once per process)
+    # vLLM's own signature, seen through the wrapper's __wrapped__
     assert params(EngineArgs.create_engine_config) == ["self", "usage_context", "headless"]
     assert "engine_args.create_engine_config(usage_context)" in vllm_file("v1/engine/llm_engine.py")
     assert "engine_args.create_engine_config(" in vllm_file(
         "entrypoints/launchers/api_server/entry.py"
     )
-    assert compat.run_before_engine_config(lambda args: None)  # idempotent once installed
     assert getattr(EngineArgs.create_engine_config, patches.MARK, False)
 
 

@@ -4,6 +4,7 @@ process, from ``plugin.register``). Each is idempotent and refused on another vL
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +20,8 @@ Chooser = Callable[[type, Any, Any], type]
 
 
 def _mark(function: Any) -> Any:
+    """Mark a wrapper (made with ``functools.wraps``: ``inspect.signature`` and the contract
+    tests see vLLM's signature through ``__wrapped__``)."""
     setattr(function, MARK, True)
     return function
 
@@ -57,6 +60,7 @@ def install_scheduler_selector(choose: Chooser) -> bool:
     if not check_vllm_version("automatic scheduler selection"):
         return False
 
+    @functools.wraps(original)
     def get_scheduler_cls(self: SchedulerConfig) -> Any:
         default = original(self)
         return SchedulerChoice(default, choose) if self.scheduler_cls is None else default
@@ -76,6 +80,7 @@ def run_before_engine_config(hook: Callable[[Any], None]) -> bool:
     if not check_vllm_version("the host tier's connector"):
         return False
 
+    @functools.wraps(original)
     def create_engine_config(self: EngineArgs, *args: Any, **kwargs: Any) -> Any:
         hook(self)
         return original(self, *args, **kwargs)
