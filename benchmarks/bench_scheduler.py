@@ -275,13 +275,6 @@ def step(run: Run, work: Workload, n: int, timed: bool) -> None:
 
 
 # ---------------------------------------------------------------------------------- report
-def core_mode() -> str:
-    """Which core the configurations ran: compiled (scripts/build_core.py) or the sources."""
-    from vllm_hybrid.core import _native
-
-    return f"core {_native.MODE}" + (f" ({_native.REASON})" if _native.REASON else "")
-
-
 def summary(run: Run, args: argparse.Namespace) -> dict[str, Any]:
     ms = sorted(1e3 * s for s in run.step_s)
     pool = run.sched.kv_cache_manager.block_pool
@@ -367,8 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.running} running, {args.blocks} blocks x {args.block_tokens} tokens, "
         f"1 attention + {args.mamba_groups} Mamba groups, {args.steps} timed steps "
         f"after {args.warmup} warm-up, gc {args.gc}, clock {args.clock}, "
-        f"load average {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end, "
-        f"{core_mode()}"
+        f"load average {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end"
     )
     print_table(rows)
     if profiler is not None:
@@ -382,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         load = {"start": load_start, "end": os.getloadavg()[0]}
         Path(args.json).write_text(
             json.dumps(
-                {"args": vars(args), "load_average": load, "core": core_mode(), "rows": rows},
+                {"args": vars(args), "load_average": load, "rows": rows},
                 indent=2,
             )
         )
