@@ -18,9 +18,13 @@ def _req(i: int, ids: list[int]) -> BenchRequest:
 def test_block_keys_follow_token_prefixes() -> None:
     a = list(range(100, 150))  # 3 full blocks + 2 tokens
     b = a[:B] + [7] * 40  # shares only the first block
-    sa, sb = sim_requests([_req(0, a), _req(1, b)], B)
+    sa, sb, sa2 = sim_requests([_req(0, a), _req(1, b), _req(2, a)], B)
     assert sa.segments[0] == sb.segments[0] and sa.segments[1] != sb.segments[1]
-    assert [n for _, n in sa.segments] == [16, 16, 16, 2]
+    # the prompt's blocks, then the 3 answer tokens the engine computes (4 generated)
+    assert [n for _, n in sa.segments] == [16, 16, 16, 2, 3]
+    assert sa.prompt_tokens == 50 and sa.cacheable_tokens == 53
+    assert sa.segments[-1] != sb.segments[-1]  # answers of different prompts differ
+    assert sa2.segments == sa.segments  # greedy: one prompt, one answer
     assert not sa.exact_end
 
 
@@ -75,8 +79,8 @@ def test_the_in_flight_count_is_the_one_the_simulator_runs_with() -> None:
 
 
 def test_bench_rows_store_the_count_the_simulator_ran_with() -> None:
-    from vllm_hybrid.bench.report import RequestRecord, RowResult
     from vllm_hybrid.bench.replay import add_predictions
+    from vllm_hybrid.bench.report import RequestRecord, RowResult
 
     a = list(range(100, 150))
     reqs = [_req(i, a) for i in range(4)]
@@ -101,8 +105,8 @@ def test_engine_running_is_the_mean_count_at_first_scheduling() -> None:
 def test_offline_rows_predict_with_the_schedulers_count_not_the_arrivals() -> None:
     """The agent row: all four requests in the engine at each arrival (arrival count 3), but
     the pool let only one run at a time (running_at_start 1): the simulator runs 1 in flight."""
-    from vllm_hybrid.bench.report import RequestRecord, RowResult
     from vllm_hybrid.bench.replay import add_predictions
+    from vllm_hybrid.bench.report import RequestRecord, RowResult
 
     a = list(range(100, 150))
     reqs = [_req(i, a) for i in range(4)]
@@ -111,3 +115,50 @@ def test_offline_rows_predict_with_the_schedulers_count_not_the_arrivals() -> No
     add_predictions([row], reqs, 16)
     assert row.sim_in_flight == 1
     assert row.sim_hit_rate == predict_hit_rate(reqs, LAYOUT, "stock", in_flight=1)
+
+
+def test_engine_admission_is_align_mode_plus_the_answer_ends_the_policy_keeps() -> None:
+    from vllm_hybrid.core.policies import POLICIES, EngineAdmission
+    from vllm_hybrid.core.policy import AdmitContext
+
+    cost = LAYOUT.cost_model()
+
+    def ctx(prompt: int, computed: int, hit: int = 0, kv: int = 0) -> AdmitContext:
+        return AdmitContext(0, prompt, computed, hit, kv, False, B, False, lambda p: p)
+
+    flop = EngineAdmission(POLICIES["flop"](cost), B)
+    vllm = EngineAdmission(POLICIES["vllm"](cost), B)
+    # prompt 30 tokens + 5 computed answer tokens: the replay boundary 16, the answer's 32
+    assert sorted(flop.snapshot_positions(ctx(30, 35))) == [16, 32]
+    assert vllm.snapshot_positions(ctx(30, 35)) == [16]  # vLLM keeps no answer state
+    assert sorted(flop.snapshot_positions(ctx(30, 31, hit=16, kv=16))) == [16]  # no boundary
+    assert sorted(vllm.snapshot_positions(ctx(40, 40, hit=16, kv=32))) == [32, 32]  # junction
+
+
+def test_warm_up_requests_teach_the_policy_as_in_the_engine(monkeypatch) -> None:
+    """With ``warmup``, the prediction replays the warm-ups, then the workload on a fresh pool
+    (the engine resets its prefix cache after warming up) with the same policy object, whose
+    clock goes on from there."""
+    import vllm_hybrid.bench.predict as predict
+    from vllm_hybrid.bench.workload import warmup_requests
+
+    a, c = list(range(100, 150)), list(range(300, 340))
+    reqs = [_req(0, a), _req(1, c), _req(2, a), _req(3, c + [9] * 20)]
+    warm = warmup_requests(reqs, 2)
+    assert len(warm) == 2 and warm[0].prompt_token_ids != warm[1].prompt_token_ids
+    assert warmup_requests(reqs, 2) == warm  # seeded: the engine ran these very ids
+    assert {len(w.prompt_token_ids) for w in warm} == {50}  # the workload's median prompt
+    calls = []
+    real = predict.replay
+
+    def recording(keyed, cost, policy, budget, **kw):
+        calls.append((len(keyed), kw["first_index"], policy))
+        return real(keyed, cost, policy, budget, **kw)
+
+    monkeypatch.setattr(predict, "replay", recording)
+    predict.predict_hit_rate(reqs, LAYOUT, "flop", warmup=2)
+    assert [(n, first) for n, first, _ in calls] == [(2, 0), (4, 2)]
+    assert calls[0][2] is calls[1][2]
+    calls.clear()
+    predict.predict_hit_rate(reqs, LAYOUT, "flop")
+    assert [(n, first) for n, first, _ in calls] == [(4, 0)]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import sys
 import time
 from collections import deque
@@ -23,7 +22,7 @@ from typing import Any
 
 from vllm_hybrid.bench.policies import engine_setup
 from vllm_hybrid.bench.report import RequestRecord, RowResult
-from vllm_hybrid.bench.workload import TOKEN_HI, TOKEN_LO
+from vllm_hybrid.bench.workload import BenchRequest, warmup_requests
 
 PROGRESS = "@@progress "
 ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
@@ -117,16 +116,15 @@ def _run_one(engine: Any, request_id: str, ids: list[int], max_tokens: int) -> N
 
 def warm_up(llm: Any, spec: dict[str, Any]) -> float:
     """Run ``spec['warmup']`` uncached requests of the workload's median size one at a time,
-    then clear the prefix cache. Returns the seconds the last one took (a machine's pace)."""
-    reqs = spec["requests"]
-    prompt_len = sorted(len(r[1]) for r in reqs)[len(reqs) // 2]
-    out_len = sorted(r[2] for r in reqs)[len(reqs) // 2]
-    rng = random.Random(0xBE7C4)
+    then clear the prefix cache (``workload.warmup_requests``: the simulator's prediction
+    replays the same ones). Returns the seconds the last one took (a machine's pace)."""
+    reqs = [BenchRequest(r[0], r[3], tuple(r[1]), r[2]) for r in spec["requests"]]
     seconds = 0.0
-    for i in range(max(1, spec["warmup"])):
-        ids = [rng.randrange(TOKEN_LO, TOKEN_HI) for _ in range(prompt_len)]
+    for warm in warmup_requests(reqs, spec["warmup"]):
         start = time.perf_counter()
-        _run_one(llm.llm_engine, f"warmup-{i}", ids, out_len)
+        _run_one(
+            llm.llm_engine, f"warmup-{warm.index}", list(warm.prompt_token_ids), warm.max_tokens
+        )
         seconds = time.perf_counter() - start
     llm.llm_engine.reset_prefix_cache()
     return seconds

@@ -4,7 +4,9 @@ The engine row reports its pool layout (:class:`PoolLayout`); the simulator (``s
 then replays the very token ids the engine saw, in arrival order, one request at a time, with
 the same policy object the engine's scheduler ran (``stock`` is modelled by the ``vllm`` policy,
 vLLM's align mode) over the same index code (``core/index/``), snapshots where the engine takes
-them (:data:`ENGINE_ADMISSION`), bytes counted in the engine's pages and a budget of the
+them (``core/policies.py::EngineAdmission``: vLLM's align mode and the answer ends the policy
+keeps; a ``flop`` of its own would also take periodic checkpoints and exact ends the engine does
+not), bytes counted in the engine's pages and a budget of the
 engine's whole pool.
 
 With ``in_flight=None`` that is the one-request-at-a-time replay with the whole pool, which
@@ -26,22 +28,16 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from vllm_hybrid.bench.workload import BenchRequest
+from vllm_hybrid.bench.workload import BenchRequest, warmup_requests
 from vllm_hybrid.core.config import STOCK
 from vllm_hybrid.core.cost import CostModel
-from vllm_hybrid.core.policies import POLICIES
+from vllm_hybrid.core.policies import POLICIES, EngineAdmission
 from vllm_hybrid.core.shapes import load_shape, shape_name_for_model_type
 from vllm_hybrid.sim.replay import replay
 from vllm_hybrid.sim.trace import KeyedRequest, SimRequest
 
 #: The simulator's model of each bench row that is not a core policy name.
 SIM_POLICY = {STOCK: "vllm"}
-#: Where the engine takes state snapshots, whatever policy ranks its cache: vLLM's align mode
-#: (a prompt's last block boundary, junctions of a shared prefix; ``snapshot_every`` at its
-#: default ``engine``), which the ``vllm`` policy's admission models. The simulator replays a
-#: row with it so that the prediction runs what the engine runs (a ``flop`` of its own would
-#: also take periodic checkpoints and exact ends the engine does not).
-ENGINE_ADMISSION = "vllm"
 
 
 @dataclass(frozen=True)
@@ -69,16 +65,21 @@ class PoolLayout:
 
 
 def sim_requests(reqs: Sequence[BenchRequest], block_tokens: int) -> list[SimRequest]:
-    """The prompts as simulator requests: one segment per block of token ids (its content id is
-    the hash of those ids), so two prompts share block keys exactly when they share the block's
-    token prefix, as in the engine. Outputs are not cached content: the engine's outputs never
-    reappear in later prompts of a replay. The last partial block is not matchable (its state
-    is kept only at a block boundary)."""
+    """The requests as the engine caches them: one segment per block of prompt token ids (its
+    content id is the hash of those ids), so two prompts share block keys exactly when they
+    share the block's token prefix, as in the engine; then what the engine computed of the
+    answer (``max_tokens - 1`` tokens: the last sampled one is never computed), whose full
+    blocks vLLM caches too. The answer's content id is the prompt's (greedy decoding of one
+    prompt gives one answer), so it never matches another prompt: the engine's answers do not
+    reappear in later prompts of a replay. The last partial block is not matchable (a state is
+    kept only at a block boundary)."""
     out: list[SimRequest] = []
     for r in reqs:
         ids = r.prompt_token_ids
         blocks = [ids[i : i + block_tokens] for i in range(0, len(ids), block_tokens)]
         segments = tuple((hash(block), len(block)) for block in blocks)
+        if r.max_tokens > 1:
+            segments += ((hash(("answer", ids)), r.max_tokens - 1),)
         out.append(
             SimRequest(r.arrival_s * 1000.0, segments, len(ids), r.max_tokens, exact_end=False)
         )
@@ -134,31 +135,46 @@ def sim_in_flight(layout: PoolLayout, in_flight: int) -> int:
 
 
 def predict_hit_rate(
-    reqs: Sequence[BenchRequest], layout: PoolLayout, policy: str, in_flight: int | None = None
+    reqs: Sequence[BenchRequest],
+    layout: PoolLayout,
+    policy: str,
+    in_flight: int | None = None,
+    warmup: int = 0,
 ) -> float | None:
     """The simulator's token hit rate for row ``policy`` (None for rows it cannot model).
     ``in_flight=None``: one request at a time with the whole pool (the original prediction);
     N: N requests in flight (module docstring), at most as many as leave half the pool to the
-    cache after their running pages (:func:`sim_in_flight`)."""
+    cache after their running pages (:func:`sim_in_flight`). ``warmup``: the row's engine
+    first served that many warm-up requests (``workload.warmup_requests``) and then reset its
+    cache; the simulator does the same with the same policy object (a learning policy keeps
+    what they taught it, as the engine's does)."""
     name = SIM_POLICY.get(policy, policy)
     if name not in POLICIES:
         return None
     cost = layout.cost_model()
-    keyed = [KeyedRequest(r, layout.block_tokens) for r in sim_requests(reqs, layout.block_tokens)]
+    ranker = POLICIES[name](cost)
+    admission = EngineAdmission(ranker, layout.block_tokens)
     budget = layout.blocks * layout.page_bytes
-    admission = POLICIES[ENGINE_ADMISSION](cost)
-    if in_flight is None:
-        stats = replay(keyed, cost, POLICIES[name](cost), budget, admission=admission)
+    n = 1 if in_flight is None else sim_in_flight(layout, in_flight)
+    run = 0 if in_flight is None else running_bytes(layout)
+
+    def serve(batch: Sequence[BenchRequest], first: int) -> float:
+        keyed = [
+            KeyedRequest(r, layout.block_tokens) for r in sim_requests(batch, layout.block_tokens)
+        ]
+        stats = replay(
+            keyed,
+            cost,
+            ranker,
+            budget,
+            in_flight=n,
+            running_bytes=run,
+            admission=admission,
+            first_index=first,
+        )
         return stats.token_hit_rate
-    n = sim_in_flight(layout, in_flight)
-    run = running_bytes(layout)
-    stats = replay(
-        keyed,
-        cost,
-        POLICIES[name](cost),
-        budget,
-        in_flight=n,
-        running_bytes=run,
-        admission=admission,
-    )
-    return stats.token_hit_rate
+
+    warm = warmup_requests(reqs, warmup) if warmup else []
+    if warm:
+        serve(warm, 0)  # then a fresh pool: the engine resets its prefix cache
+    return serve(reqs, len(warm))

@@ -11,7 +11,7 @@ sees exactly the sharing the trace describes. Everything here is deterministic f
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,6 +101,26 @@ def build_workload(
     if not out:
         raise BenchError(f"no request fits --max-len {max_len} at --scale {scale}")
     return out
+
+
+#: Seed of the offline rows' warm-up prompts (``warmup_requests``).
+WARMUP_SEED = 0xBE7C4
+
+
+def warmup_requests(reqs: Sequence[BenchRequest], n: int) -> list[BenchRequest]:
+    """The ``n`` (at least 1) uncached requests an offline row runs before the replay to time
+    the machine: the workload's median prompt and output lengths, random token ids (seeded,
+    so the simulator's prediction can replay them too: they teach a learning policy as the
+    engine's run did)."""
+    prompt_len = sorted(len(r.prompt_token_ids) for r in reqs)[len(reqs) // 2]
+    out_len = sorted(r.max_tokens for r in reqs)[len(reqs) // 2]
+    rng = random.Random(WARMUP_SEED)
+    return [
+        BenchRequest(
+            i, 0.0, tuple(rng.randrange(TOKEN_LO, TOKEN_HI) for _ in range(prompt_len)), out_len
+        )
+        for i in range(max(1, n))
+    ]
 
 
 def time_scale_for_rate(requests: list[BenchRequest], rate_per_s: float, window: int = 0) -> float:

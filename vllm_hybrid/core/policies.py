@@ -30,7 +30,7 @@ from vllm_hybrid.core.cost import CostModel
 from vllm_hybrid.core.ghosts import GhostBalance
 from vllm_hybrid.core.host_tier import HostTier
 from vllm_hybrid.core.node import Node
-from vllm_hybrid.core.policy import AdmitContext
+from vllm_hybrid.core.policy import AdmitContext, output_state_position
 
 _NEVER = float("-inf")
 _DEPTH_SLOTS = float(1 << 22)  # tie-break room below one time step for LRU keys
@@ -134,13 +134,45 @@ class VllmPolicy(_Base):
         return node.snap_access * _DEPTH_SLOTS - node.end_tokens / self.block_tokens
 
     def snapshot_positions(self, ctx: AdmitContext) -> list[int]:
-        b = ctx.block_tokens
-        out = []
-        replay = (ctx.prompt_tokens - 1) // b * b
-        if replay > 0:
-            out.append(replay)
-        if ctx.kv_tokens > ctx.hit_tokens:  # junction, seen for the second time
-            out.append(ctx.kv_tokens)
+        return align_mode_positions(ctx)
+
+
+def align_mode_positions(ctx: AdmitContext) -> list[int]:
+    """Where vLLM 0.32's align mode keeps states (``MambaManager``, retention interval 0): the
+    prompt's last block boundary ``floor((len - 1) / B) * B`` (the replay boundary) and the
+    block-floored junction of a shared prefix once its KV is cached past the state hit."""
+    b = ctx.block_tokens
+    out = []
+    replay = (ctx.prompt_tokens - 1) // b * b
+    if replay > 0:
+        out.append(replay)
+    if ctx.kv_tokens > ctx.hit_tokens:  # junction, seen for the second time
+        out.append(ctx.kv_tokens)
+    return out
+
+
+class EngineAdmission:
+    """Where the engine takes state snapshots today, whatever policy ranks its cache: vLLM's
+    align mode (:func:`align_mode_positions`; ``snapshot_every`` at its default ``engine``)
+    and, past the prompt, the block boundaries of the answer that ``policy`` keeps for a next
+    turn (:func:`~vllm_hybrid.core.policy.output_state_position`, as the adapter's
+    ``OutputStates`` asks it). ``ctx.cacheable_tokens`` is what the request computed (prompt
+    plus answer but its last token). The simulator replays an engine row with it
+    (``bench/predict.py``)."""
+
+    def __init__(self, policy: object, unit_tokens: int) -> None:
+        self.policy = policy
+        self.unit_tokens = unit_tokens
+
+    def snapshot_positions(self, ctx: AdmitContext) -> list[int]:
+        out = align_mode_positions(ctx)
+        b, prompt = ctx.block_tokens, ctx.prompt_tokens
+        for end in range((prompt // b + 1) * b, ctx.cacheable_tokens + 1, b):
+            kept = output_state_position(
+                self.policy, prompt, end, b, self.unit_tokens, hit_tokens=ctx.hit_tokens
+            )
+            if kept == end:
+                out.append(end)
         return out
 
 

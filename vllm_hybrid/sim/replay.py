@@ -307,6 +307,7 @@ def replay(
     running_bytes: int = 0,
     hold_snapshots: bool = True,
     admission: object | None = None,
+    first_index: int = 0,
 ) -> RunStats:
     """Replay ``requests``; ``oracle`` (if given) records future uses for a Belady run;
     ``check_every`` > 0 runs ``check_integrity()`` every that many requests (slow);
@@ -316,7 +317,8 @@ def replay(
     flight holds outside the cache, ``hold_snapshots=False`` lets what a request holds protect
     its KV only, not its snapshots (vLLM's align mode; module docstring); ``admission``: the
     policy that chooses where snapshots are taken (default ``policy``; e.g. an engine that
-    ranks by ``policy`` but keeps states where vLLM's align mode does)."""
+    ranks by ``policy`` but keeps states where vLLM's align mode does); ``first_index``: the
+    first request's index (its clock), for a policy that served requests before."""
     if in_flight < 1:
         raise ValueError(f"in_flight must be >= 1, got {in_flight}")
     if not 1 <= visible_after <= in_flight:
@@ -341,7 +343,7 @@ def replay(
     )
     started = time.perf_counter()
     run = _Run(pool, policy, admission or policy, cost, stats, oracle, window)
-    for t, kr in enumerate(requests):
+    for t, kr in enumerate(requests, start=first_index):
         _serve(run, kr, t)
         if pool.peak_bytes > pool_budget:
             raise BudgetViolation(f"{stats.policy}: peak {pool.peak_bytes} > {pool_budget}")
@@ -350,7 +352,7 @@ def replay(
         if check_every and t % check_every == 0:
             pool.check_integrity()
         if progress is not None:
-            progress(t + 1, len(requests))
+            progress(t + 1 - first_index, len(requests))
     if window is not None:
         window.release_all(pool)
     stats.seconds = time.perf_counter() - started
