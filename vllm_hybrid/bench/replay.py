@@ -213,14 +213,16 @@ def run_offline(args: argparse.Namespace, reqs: list[BenchRequest]) -> list[RowR
 
 
 def add_predictions(
-    rows: list[RowResult], reqs: list[BenchRequest], max_num_seqs: int | None
+    rows: list[RowResult], reqs: list[BenchRequest], max_num_seqs: int | None, warmup: int = 0
 ) -> None:
     """Each row's simulator prediction on the same requests, pool and costs (``predict.py``),
     with as many requests in flight as the row's engine had on average (offline rows: running
     when each request was first scheduled, ``predict.engine_running``; rows over HTTP: in the
     engine at each arrival by the records' times, at most ``max_num_seqs``, None: a server's,
     vLLM's CPU default; then at most what the pool leaves room for, ``sim_in_flight``: the
-    count stored is the one the simulator ran with), and one at a time; ``off`` predicts 0."""
+    count stored is the one the simulator ran with), and one at a time; ``off`` predicts 0.
+    ``warmup``: the warm-up requests each row's engine served before its cache was reset
+    (offline rows; a server is not reset after its warm-up, so over HTTP it is 0)."""
     from vllm_hybrid.bench.policies import OFF, OURS, OURS_DEFAULT, base_policy
     from vllm_hybrid.bench.predict import (
         SERVER_MAX_NUM_SEQS,
@@ -245,8 +247,8 @@ def add_predictions(
                 n = engine_in_flight([r.arrival_s for r in recs], [r.latency_s for r in recs], cap)
             n = sim_in_flight(layout, n)  # what the simulator runs with, as printed
             row.sim_in_flight = n
-            row.sim_hit_rate = predict_hit_rate(reqs, layout, name, in_flight=n)
-            row.sim_hit_rate_1 = predict_hit_rate(reqs, layout, name)
+            row.sim_hit_rate = predict_hit_rate(reqs, layout, name, n, warmup)
+            row.sim_hit_rate_1 = predict_hit_rate(reqs, layout, name, warmup=warmup)
 
 
 def run_http(args: argparse.Namespace, reqs: list[BenchRequest]) -> list[RowResult]:
@@ -295,7 +297,10 @@ def run_replay(args: argparse.Namespace) -> int:
     try:
         reqs = load_workload(args)
         rows = run_http(args, reqs) if args.url else run_offline(args, reqs)
-        add_predictions(rows, reqs, None if args.url else args.max_num_seqs)
+        if args.url:
+            add_predictions(rows, reqs, None)
+        else:
+            add_predictions(rows, reqs, args.max_num_seqs, args.warmup)
     except BenchError as exc:
         print(f"vllm-hybrid bench replay: {exc}", file=sys.stderr)
         return 2

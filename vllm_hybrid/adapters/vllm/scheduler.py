@@ -225,9 +225,19 @@ class _HybridMixin(SchedulerHooks):
 
     # ------------------------------------------------------------------ compat's hooks
     def before_prefix_lookup(self, request: Any) -> None:
-        """With the host tier on, promote a host snapshot the request can resume from."""
+        """The request's index (the policy's clock and ``Node.origin`` of what it caches) at
+        its first lookup, before ``allocate_slots`` touches its hit and caches the blocks it
+        is about to compute (``KVCacheManager.allocate_slots`` caches them at scheduling time,
+        so an index given when the step's output is fed would come too late for them, as the
+        simulator's request index does not). With the host tier on, promote a host snapshot
+        the request can resume from."""
         pool = self.hybrid_pool
-        if pool is not None and pool.hybrid.host is not None:
+        if pool is None:
+            return
+        state = pool.hybrid
+        if request.request_id not in state.origin:
+            state.origin[request.request_id] = state.mirror.tick()
+        if state.host is not None:
             if self.kv_cache_manager.prefix_cache_lookup_enabled(request):  # type: ignore[attr-defined]
                 pool.hy_promote(request)
 
@@ -291,7 +301,9 @@ class _HybridMixin(SchedulerHooks):
                 if control is not None
                 else request.shared_prefix_boundary
             )
-            index = origin[new.req_id] = mirror.tick()
+            index = origin.get(new.req_id)
+            if index is None:  # not looked up first (before_prefix_lookup)
+                index = origin[new.req_id] = mirror.tick()
             feed.started(
                 index,
                 request.num_prompt_tokens,
