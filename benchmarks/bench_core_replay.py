@@ -2,11 +2,11 @@
 
 ``bench_scheduler.py`` times a whole step of vLLM's scheduler with ours installed; on a busy
 2-core machine its ratio moves by +-0.02 between runs, and it cannot say which part of our
-overhead is the core (``PoolMirror``, the policy, ``RequestFeed``: pure Python) and which is
+overhead is the core (``PrefixIndex``, the policy, ``RequestFeed``: pure Python) and which is
 the adapter around vLLM's pool. This script runs the same workload for one configuration
 (``--configs``, default ``flop``), records every call that the adapter makes into the core
 (top-level calls only, with their arguments and the victims returned), then replays the log
-on a fresh ``PoolMirror`` + policy + feed, ``--repeats`` times, with nothing else in the loop.
+on a fresh ``PrefixIndex`` + policy + feed, ``--repeats`` times, with nothing else in the loop.
 
 Printed: the calls by kind, the core's time per engine step (median and min over repeats:
 a replay runs with warm caches, so this is a lower bound of what the core costs inside an
@@ -88,7 +88,7 @@ class Recorder:
 
 
 class RecordingProxy:
-    """Stands in for an object (e.g. the compiled ``PoolMirror``, whose instances take no new
+    """Stands in for an object (e.g. the compiled ``PrefixIndex``, whose instances take no new
     attribute): logs the calls of ``names`` through ``recorder``, passes everything else on."""
 
     def __init__(self, recorder: Recorder, inner: Any, names: tuple[str, ...]) -> None:
@@ -160,12 +160,10 @@ def replay(
     ``ref_cnt`` said when the adapter made those calls. With ``per_call``, each call is timed
     too (``perf_counter_ns``, ~0.1 us of timer per call in the seconds returned) and its
     nanoseconds are added to ``per_call[name]``."""
-    from vllm_hybrid.core.feed import RequestFeed
-    from vllm_hybrid.core.policies import POLICIES
-    from vllm_hybrid.core.pool_mirror import PoolMirror
+    from vllm_hybrid.core import POLICIES, PrefixIndex, RequestFeed
 
     policy = POLICIES[setup["policy"]](setup["cost"])
-    mirror = PoolMirror(policy=policy, **setup["mirror"])
+    mirror = PrefixIndex(policy=policy, **setup["mirror"])
     mirror.snapshot_budget_pages = setup["snapshot_budget_pages"]
     feed = RequestFeed(policy, setup["cost"], setup["key_tokens"])
     used: set[int] = set()

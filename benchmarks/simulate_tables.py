@@ -16,9 +16,7 @@ import time
 from multiprocessing import Pool
 from pathlib import Path
 
-from vllm_hybrid.core.cost import CostModel
-from vllm_hybrid.core.policies import POLICIES
-from vllm_hybrid.core.shapes import load_shape
+from vllm_hybrid.core import POLICIES, CostModel, load_shape
 from vllm_hybrid.sim.generators import GENERATORS
 from vllm_hybrid.sim.report import format_markdown, to_json, write_plot
 from vllm_hybrid.sim.runner import run_all

@@ -27,9 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from vllm_hybrid.core.cost import CostModel  # noqa: E402
-from vllm_hybrid.core.policies import POLICIES  # noqa: E402
-from vllm_hybrid.core.shapes import load_shape  # noqa: E402
+from vllm_hybrid.core import POLICIES, CostModel, load_shape  # noqa: E402
 from vllm_hybrid.sim.replay import replay  # noqa: E402
 from vllm_hybrid.sim.trace import KeyedRequest, load_mooncake  # noqa: E402
 

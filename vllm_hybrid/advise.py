@@ -28,7 +28,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from vllm_hybrid.core.breakpoints import common_prefix_tokens
+from vllm_hybrid.core import common_prefix_tokens
 
 Tokenize = Callable[[str], list[str]]
 _TOKEN_RE = re.compile(r"\w+|[^\w\s]|\s+")

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 
 from vllm_hybrid import advise
 from vllm_hybrid.bench.replay import add_bench_parser, run_bench
-from vllm_hybrid.core.config import ConfigError, HybridCacheConfig
+from vllm_hybrid.core import ConfigError, HybridCacheConfig
 from vllm_hybrid.sim.cli import add_simulate_parser, run_simulate
 
 #: Our ASGI middleware (``vllm_hybrid/serving/``), added to every ``serve``.

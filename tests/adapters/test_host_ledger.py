@@ -1,4 +1,4 @@
-"""The engine host tier without an engine: the ledger on a PoolMirror, the worker's copies on
+"""The engine host tier without an engine: the ledger on a PrefixIndex, the worker's copies on
 CPU tensors, and the settings/connector selection."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.core.test_pool_mirror import KV, S1, S2, B, Pool, make
+from tests.core.test_prefix_index import KV, S1, S2, B, Pool, make
 from vllm_hybrid.core.config import ConfigError, HybridCacheConfig
 from vllm_hybrid.core.host_ledger import (
     DEMOTE,

@@ -14,9 +14,9 @@ from vllm.v1.core.kv_cache_utils import BlockHash  # noqa: E402
 
 from vllm_hybrid.adapters.vllm import scheduler  # noqa: E402
 from vllm_hybrid.adapters.vllm.block_pool import HybridBlockPool, install  # noqa: E402
+from vllm_hybrid.core import PrefixIndex  # noqa: E402
 from vllm_hybrid.core.cost import CostModel  # noqa: E402
 from vllm_hybrid.core.policies import POLICIES  # noqa: E402
-from vllm_hybrid.core.pool_mirror import PoolMirror  # noqa: E402
 from vllm_hybrid.core.shapes import load_shape  # noqa: E402
 
 B = 4
@@ -26,7 +26,7 @@ KV, STATE = 0, 1
 def make_pool(n_blocks: int = 12, policy: str = "flop") -> HybridBlockPool:
     pool = BlockPool(num_gpu_blocks=n_blocks, enable_caching=True, hash_block_size=B)
     cost = CostModel(load_shape("zamba2-2.7b"), B)
-    mirror = PoolMirror(
+    mirror = PrefixIndex(
         block_tokens=B, kv_groups=[KV], state_groups=[STATE], policy=POLICIES[policy](cost)
     )
     return install(pool, mirror)
@@ -59,7 +59,7 @@ def cached(pool: BlockPool, req: SimpleNamespace, i: int, group: int) -> bool:
 def test_install_refuses_a_used_pool() -> None:
     pool = BlockPool(num_gpu_blocks=4, enable_caching=False, hash_block_size=B)
     with pytest.raises(ValueError):
-        install(pool, PoolMirror(block_tokens=B, kv_groups=[0], state_groups=[1], policy=None))
+        install(pool, PrefixIndex(block_tokens=B, kv_groups=[0], state_groups=[1], policy=None))
 
 
 def test_victims_are_whole_units_and_lookup_stays_consistent() -> None:
@@ -168,7 +168,7 @@ def test_fallback_takes_cached_blocks_in_vllms_lru_order() -> None:
     for hybrid in (False, True):
         pool = BlockPool(num_gpu_blocks=12, enable_caching=True, hash_block_size=B)
         if hybrid:
-            mirror = PoolMirror(block_tokens=B, kv_groups=[KV], state_groups=[STATE], policy=None)
+            mirror = PrefixIndex(block_tokens=B, kv_groups=[KV], state_groups=[STATE], policy=None)
             mirror.policy = _KeepAll()  # type: ignore[assignment]
             pool = install(pool, mirror)
         for name in ("a", "b"):

@@ -21,11 +21,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vllm_hybrid.core import PrefixIndex
 from vllm_hybrid.core.cost import CostModel
 from vllm_hybrid.core.layers import AttentionLayers, Mamba2Layers
 from vllm_hybrid.core.node import Node
 from vllm_hybrid.core.policies import POLICIES
-from vllm_hybrid.core.pool_mirror import PoolMirror
 from vllm_hybrid.core.shapes import ModelShape
 from vllm_hybrid.sim.pool import SimPool
 
@@ -80,7 +80,7 @@ class Tenant:
 
     next_page = 0
 
-    def __init__(self, mirror: PoolMirror, tokens: Sequence[int], salt: str | None) -> None:
+    def __init__(self, mirror: PrefixIndex, tokens: Sequence[int], salt: str | None) -> None:
         self.keys = chain(tokens, salt)
         self.pages: list[int] = []
         self.mirror = mirror
@@ -95,8 +95,8 @@ class Tenant:
                 self.pages.append(page)
 
 
-def make_mirror(policy: str = "flop") -> PoolMirror:
-    return PoolMirror(
+def make_mirror(policy: str = "flop") -> PrefixIndex:
+    return PrefixIndex(
         block_tokens=B, kv_groups=[KV], state_groups=[STATE], policy=POLICIES[policy](COST)
     )
 

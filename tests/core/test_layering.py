@@ -36,3 +36,39 @@ def test_scanner_sees_forbidden_imports(tmp_path: Path) -> None:
     probe = tmp_path / "m.py"
     probe.write_text("import torch\nfrom vllm.v1 import x\nimport json\n")
     assert _imports(probe) == ["torch", "vllm.v1", "json"]
+
+
+def test_the_rest_of_the_package_uses_the_cores_public_api() -> None:
+    """Outside core/, code imports the core as ``from vllm_hybrid.core import ...`` (its
+    ``__all__``), never a submodule: the submodules are the implementation."""
+    import vllm_hybrid.core as core
+
+    package = CORE.parent
+    root = package.parent
+    bad = []
+    for path in sorted(
+        [
+            *package.rglob("*.py"),
+            *(root / "benchmarks").rglob("*.py"),
+            *(root / "tools").rglob("*.py"),
+        ]
+    ):
+        if CORE in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                if node.module.startswith("vllm_hybrid.core."):
+                    bad.append(f"{path.relative_to(root)}: from {node.module}")
+                elif node.module == "vllm_hybrid.core":
+                    bad += [
+                        f"{path.relative_to(root)}: {a.name} is not in core.__all__"
+                        for a in node.names
+                        if a.name not in core.__all__
+                    ]
+            elif isinstance(node, ast.Import):
+                bad += [
+                    f"{path.relative_to(root)}: import {a.name}"
+                    for a in node.names
+                    if a.name.startswith("vllm_hybrid.core.")
+                ]
+    assert not bad, bad

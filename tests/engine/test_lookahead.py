@@ -1,4 +1,4 @@
-"""The waiting requests' lookahead (``PoolMirror.lookahead``, fed by the scheduler from
+"""The waiting requests' lookahead (``PrefixIndex.lookahead``, fed by the scheduler from
 ``Scheduler.waiting``) in a vLLM engine (CPU): tiny Zamba2, a 20-block pool, two requests in
 flight, waves of five requests over shared prefixes, so requests wait while others evict.
 

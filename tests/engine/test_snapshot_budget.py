@@ -2,7 +2,7 @@
 32-block pool of which free cached states may hold 6 pages (2 snapshots of its 3 Mamba groups).
 
 Oracles: greedy outputs == caching off, token for token; the budget held after every scheduler
-step (``debug``: the mirror's invariants, the budget among them: ``PoolMirror`` inv 8);
+step (``debug``: the mirror's invariants, the budget among them: ``PrefixIndex`` inv 8);
 the budget did evict (so the check was exercised) and hits still happened.
 """
 

@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_hybrid.bench import BenchError
-from vllm_hybrid.core.config import STOCK, HybridCacheConfig
-from vllm_hybrid.core.policies import POLICIES
+from vllm_hybrid.core import POLICIES, STOCK, HybridCacheConfig
 
 #: The policy the hybrid cache runs when none is configured.
 OURS_DEFAULT = HybridCacheConfig.policy

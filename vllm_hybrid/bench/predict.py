@@ -29,10 +29,14 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from vllm_hybrid.bench.workload import BenchRequest, warmup_requests
-from vllm_hybrid.core.config import STOCK
-from vllm_hybrid.core.cost import CostModel
-from vllm_hybrid.core.policies import POLICIES, EngineAdmission
-from vllm_hybrid.core.shapes import load_shape, shape_name_for_model_type
+from vllm_hybrid.core import (
+    POLICIES,
+    STOCK,
+    CostModel,
+    EngineAdmission,
+    load_shape,
+    shape_name_for_model_type,
+)
 from vllm_hybrid.sim.replay import replay
 from vllm_hybrid.sim.trace import KeyedRequest, SimRequest
 

@@ -46,6 +46,7 @@ from vllm_hybrid.core.policies import (
     POLICIES,
     BeladyOracle,
     BeladyPolicy,
+    EngineAdmission,
     InfinitePolicy,
     MarconiPolicy,
 )
@@ -86,6 +87,7 @@ __all__ = [
     "ConfigError",
     "CostModel",
     "CounterDeltas",
+    "EngineAdmission",
     "EvictionPolicy",
     "HiddenFn",
     "HostLedger",

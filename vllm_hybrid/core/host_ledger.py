@@ -7,7 +7,7 @@ allocates and caches the blocks a promoted snapshot goes to) and
 ``adapters/vllm/host_connector.py`` (which ships :meth:`HostLedger.take_ops` to the worker in
 the connector metadata, and whose worker half copies the bytes).
 
-What it decides, through the :class:`~vllm_hybrid.core.pool_mirror.PoolMirror` hooks:
+What it decides, through the :class:`~vllm_hybrid.core.index.PrefixIndex` hooks:
 
 * **demote**: the policy evicts a full-block snapshot *alone* (its KV stays on the device):
   the state's pages are copied to a free host slot before the step reuses them. The
@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING
 from vllm_hybrid.core.host_tier import HostTier, HostTierError
 
 if TYPE_CHECKING:
+    from vllm_hybrid.core.index import PrefixIndex
     from vllm_hybrid.core.node import Node
-    from vllm_hybrid.core.pool_mirror import PoolMirror
 
 DEMOTE, PROMOTE = 0, 1
 #: (DEMOTE or PROMOTE, host slot, one block id per Mamba group in group order)
@@ -91,7 +91,7 @@ class HostLedger:
 
     def __init__(
         self,
-        mirror: PoolMirror,
+        mirror: PrefixIndex,
         num_slots: int,
         snapshot_bytes: int,
         bandwidth: float = DEFAULT_HOST_BANDWIDTH,

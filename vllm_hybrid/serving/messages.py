@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_hybrid.core.breakpoints import MAX_BREAKPOINTS, CacheOptionError
+from vllm_hybrid.core import MAX_BREAKPOINTS, CacheOptionError
 
 CACHE_CONTROL = "cache_control"
 CACHE_CONTROL_TYPES = ("ephemeral",)

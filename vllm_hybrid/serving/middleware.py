@@ -38,15 +38,17 @@ from vllm_hybrid.adapters.vllm.compat.server import (
     anthropic_merge_inline_system,
     server_vllm_config,
 )
-from vllm_hybrid.core.breakpoints import (
+from vllm_hybrid.core import (
+    IMPORT_KEY,
     PIN_TTL,
     CacheOptionError,
     CacheOptions,
+    ConfigError,
+    HybridCacheConfig,
+    ModuleError,
     common_prefix_tokens,
     merge_breakpoints,
 )
-from vllm_hybrid.core.config import ConfigError, HybridCacheConfig
-from vllm_hybrid.core.modules import IMPORT_KEY, ModuleError
 from vllm_hybrid.serving import modules, prewarm
 from vllm_hybrid.serving.asgi import (
     AppClient,

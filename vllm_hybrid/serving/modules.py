@@ -9,8 +9,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from vllm_hybrid.core.breakpoints import CacheOptionError, merge_breakpoints
-from vllm_hybrid.core.modules import IMPORT_KEY, ModuleError, ModuleSchema, boundaries
+from vllm_hybrid.core import (
+    IMPORT_KEY,
+    CacheOptionError,
+    ModuleError,
+    ModuleSchema,
+    boundaries,
+    merge_breakpoints,
+)
 from vllm_hybrid.serving.asgi import AppClient, Scope, Upstream, error_body
 from vllm_hybrid.serving.prewarm import CheckTTL, compute_and_pin
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from vllm_hybrid.core.breakpoints import (
+from vllm_hybrid.core import (
     PIN_TTL,
     CacheOptionError,
+    PrewarmRequest,
     merge_breakpoints,
     prewarm_prompt,
 )
-from vllm_hybrid.core.pins import PrewarmRequest
 from vllm_hybrid.serving.asgi import AppClient, Scope, Upstream, error_body
 from vllm_hybrid.serving.messages import chat_markers
 

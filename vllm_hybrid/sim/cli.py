@@ -11,9 +11,7 @@ import sys
 import time
 from typing import Any
 
-from vllm_hybrid.core.cost import CostModel
-from vllm_hybrid.core.policies import POLICIES
-from vllm_hybrid.core.shapes import ShapeError, builtin_shape_names, load_shape
+from vllm_hybrid.core import POLICIES, CostModel, ShapeError, builtin_shape_names, load_shape
 from vllm_hybrid.sim.generators import GENERATORS
 from vllm_hybrid.sim.replay import ProgressFn
 from vllm_hybrid.sim.report import format_text, write_json, write_plot

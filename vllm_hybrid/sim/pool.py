@@ -35,10 +35,16 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-from vllm_hybrid.core.host_ledger import HostLedger, host_slots
-from vllm_hybrid.core.index import HiddenFn, PrefixIndex, ProbeFn
-from vllm_hybrid.core.node import Match, Node
-from vllm_hybrid.core.policy import EvictionPolicy
+from vllm_hybrid.core import (
+    EvictionPolicy,
+    HiddenFn,
+    HostLedger,
+    Match,
+    Node,
+    PrefixIndex,
+    ProbeFn,
+    host_slots,
+)
 
 KV_GROUP, STATE_GROUP = 0, 1
 

@@ -50,10 +50,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from vllm_hybrid.core.cost import CostModel
-from vllm_hybrid.core.node import Match, Node
-from vllm_hybrid.core.policies import BeladyOracle
-from vllm_hybrid.core.policy import AdmitContext
+from vllm_hybrid.core import AdmitContext, BeladyOracle, CostModel, Match, Node
 from vllm_hybrid.sim.pool import LockHandle, SimPool
 from vllm_hybrid.sim.trace import KeyedRequest
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from vllm_hybrid.core.cost import CostModel
-from vllm_hybrid.core.policies import (
+from vllm_hybrid.core import (
     POLICIES,
     BeladyOracle,
     BeladyPolicy,
+    CostModel,
     InfinitePolicy,
     MarconiPolicy,
 )

@@ -11,7 +11,7 @@ why (vLLM's private methods only through ``compat``):
   vLLM's ``_insert_block_hash`` / ``_remove_cached_block_hashes``): every change of vLLM's hash
   map goes through these two (``cache_full_blocks``, ``cache_partial_block``,
   ``move_block_hashes``, ``_maybe_evict_cached_block``, ``evict_blocks``); we mirror it into a
-  :class:`~vllm_hybrid.core.pool_mirror.PoolMirror`. ``cache_full_blocks`` and
+  :class:`~vllm_hybrid.core.PrefixIndex`. ``cache_full_blocks`` and
   ``cache_partial_block`` only remember the request (its chained hashes give the parent key).
 * ``move_block_hashes`` (Mamba copy-on-write): one ``move_page`` in the mirror.
 * ``touch``: prefix hits feed the policy's statistics.
@@ -57,8 +57,7 @@ from vllm_hybrid.adapters.vllm.compat.block_pool import (
 from vllm_hybrid.adapters.vllm.pool_checks import check_pool
 from vllm_hybrid.adapters.vllm.state import HybridState
 from vllm_hybrid.adapters.vllm.version import UnsupportedVLLMVersion
-from vllm_hybrid.core.cache_stats import KV, SNAPSHOT, PageCounts
-from vllm_hybrid.core.pool_mirror import PoolMirror, VictimStats
+from vllm_hybrid.core import KV, SNAPSHOT, PageCounts, PrefixIndex, VictimStats
 
 logger = logging.getLogger("vllm_hybrid")
 
@@ -230,7 +229,7 @@ class HybridBlockPool(HookedBlockPool):
 
     def _hy_enforce_snapshot_budget(self) -> None:
         """Released pages took the free snapshots over ``max_snapshot_fraction`` of the pool:
-        drop the policy's lowest units holding states at once (``PoolMirror.
+        drop the policy's lowest units holding states at once (``PrefixIndex.
         pick_snapshot_victims``), as an eviction would, so the budget holds after every
         release; the pages become free uncached blocks at the head of the queue."""
         mirror = self.hybrid.mirror
@@ -356,7 +355,7 @@ class HybridBlockPool(HookedBlockPool):
         check_pool(self, self.hybrid, self._hy_is_free)
 
 
-def install(pool: BlockPool, mirror: PoolMirror) -> HybridBlockPool:
+def install(pool: BlockPool, mirror: PrefixIndex) -> HybridBlockPool:
     """Swap ``pool``'s class to :class:`HybridBlockPool` and give it a fresh
     :class:`~vllm_hybrid.adapters.vllm.state.HybridState` (``pool.hybrid``); the pool must be
     vLLM's own, with prefix caching on and no cached block yet. TypeError for another pool

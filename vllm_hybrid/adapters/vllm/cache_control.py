@@ -44,15 +44,15 @@ from typing import Any
 
 from vllm_hybrid.adapters.vllm.compat.scheduler import enable_exact_stops
 from vllm_hybrid.adapters.vllm.config import is_full_attention
-from vllm_hybrid.core.breakpoints import (
+from vllm_hybrid.core import (
     CacheOptionError,
     CacheOptions,
+    HybridCacheConfig,
+    PinLedger,
+    ReuseHistory,
     effective_breakpoints,
     hit_position,
 )
-from vllm_hybrid.core.cache_report import ReuseHistory
-from vllm_hybrid.core.config import HybridCacheConfig
-from vllm_hybrid.core.pins import PinLedger
 
 logger = logging.getLogger("vllm_hybrid")
 

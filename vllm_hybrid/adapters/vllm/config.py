@@ -20,9 +20,13 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from vllm_hybrid.core.config import ConfigError, HybridCacheConfig
-from vllm_hybrid.core.cost import CostModel
-from vllm_hybrid.core.shapes import load_shape, shape_name_for_model_type
+from vllm_hybrid.core import (
+    ConfigError,
+    CostModel,
+    HybridCacheConfig,
+    load_shape,
+    shape_name_for_model_type,
+)
 
 logger = logging.getLogger("vllm_hybrid")
 

@@ -30,7 +30,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
-from vllm_hybrid.core.host_ledger import DEMOTE, PROMOTE, HostLedger, HostOp, host_slots
+from vllm_hybrid.core import DEMOTE, PROMOTE, HostLedger, HostOp, host_slots
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -231,7 +231,7 @@ def attach_host_tier(scheduler: Any, pool: Any, config: Any) -> HostLedger | Non
     :class:`HostLedger` whose copies our connector ships. ConfigError if the connector is
     missing (the engine's config was not built through ``EngineArgs``, where the plugin fills
     it in); None (tier off, with a warning) if not even one snapshot fits."""
-    from vllm_hybrid.core.config import ConfigError
+    from vllm_hybrid.core import ConfigError
 
     connector = find_host_connector(scheduler)
     if connector is None:

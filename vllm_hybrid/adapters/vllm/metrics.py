@@ -32,7 +32,7 @@ from prometheus_client import REGISTRY, Counter, Gauge
 from vllm.v1.metrics.loggers import AggregateStatLoggerBase
 
 from vllm_hybrid.adapters.vllm.compat.patches import declare_scheduler_stats_field
-from vllm_hybrid.core.cache_stats import METRICS, PREFIX, CounterDeltas, engine_totals
+from vllm_hybrid.core import METRICS, PREFIX, CounterDeltas, engine_totals
 
 logger = logging.getLogger("vllm_hybrid")
 

@@ -156,7 +156,7 @@ class OutputStates:
             self._mark(request, n)
 
     def _keeps(self, request: Any, tokens: int) -> bool:
-        from vllm_hybrid.core.policy import output_state_position
+        from vllm_hybrid.core import output_state_position
 
         return (
             output_state_position(

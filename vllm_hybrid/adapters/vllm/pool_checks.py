@@ -16,7 +16,7 @@ from vllm.v1.core.kv_cache_utils import (
 )
 
 from vllm_hybrid.adapters.vllm.state import HybridState
-from vllm_hybrid.core.cache_stats import KV, SNAPSHOT
+from vllm_hybrid.core import KV, SNAPSHOT
 
 
 def check_pool(pool: Any, state: HybridState, is_free: Callable[[int], bool]) -> None:

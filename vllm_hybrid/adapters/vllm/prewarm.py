@@ -19,8 +19,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_hybrid.core.breakpoints import PIN_TTL, REPORT, CacheOptionError, prewarm_prompt
-from vllm_hybrid.core.pins import DEFAULT_TTL_S, PrewarmRequest
+from vllm_hybrid.core import (
+    DEFAULT_TTL_S,
+    PIN_TTL,
+    REPORT,
+    CacheOptionError,
+    PrewarmRequest,
+    prewarm_prompt,
+)
 
 
 class PinRefusedError(CacheOptionError):

@@ -29,7 +29,7 @@ otherwise the cache stays vLLM's. Activation (:func:`activate`):
 * learning: every request, when first scheduled, is fed to the policy (``core/feed.py``);
 * lookahead: the waiting requests' block hashes (``Request.block_hashes``, known from arrival)
   are the mirror's ``lookahead``, so what a waiting request would hit goes last
-  (``PoolMirror.wanted_keys``, walked once per ``schedule()``; eviction order only).
+  (``PrefixIndex.wanted_keys``, walked once per ``schedule()``; eviction order only).
 
 Independently of the policy, per-request cache control: explicit breakpoints, pins with a TTL
 and cache reports (``cache_control.py``), through the hooks of ``compat.SchedulerHooks`` (on
@@ -65,11 +65,14 @@ from vllm_hybrid.adapters.vllm.logs import share_vllm_logging
 from vllm_hybrid.adapters.vllm.metrics import FIELD, attach_hybrid_stats, block_bytes
 from vllm_hybrid.adapters.vllm.output_states import OutputStates
 from vllm_hybrid.adapters.vllm.version import check_vllm_version
-from vllm_hybrid.core.config import HybridCacheConfig, periodic_interval
-from vllm_hybrid.core.cost import CostModel
-from vllm_hybrid.core.feed import RequestFeed
-from vllm_hybrid.core.policies import POLICIES
-from vllm_hybrid.core.pool_mirror import PoolMirror
+from vllm_hybrid.core import (
+    POLICIES,
+    CostModel,
+    HybridCacheConfig,
+    PrefixIndex,
+    RequestFeed,
+    periodic_interval,
+)
 
 logger = logging.getLogger("vllm_hybrid")
 
@@ -141,7 +144,7 @@ def activate(scheduler: Any) -> HybridBlockPool | None:
 
 
 def _periodic_snapshots(
-    scheduler: Any, config: HybridCacheConfig, mirror: PoolMirror, block_tokens: int
+    scheduler: Any, config: HybridCacheConfig, mirror: PrefixIndex, block_tokens: int
 ) -> None:
     """The retention interval ``snapshot_every`` asks for (``auto``: the policy's)."""
     interval = periodic_interval(
@@ -158,9 +161,9 @@ def _mirror(
     block_tokens: int,
     kv: list[int],
     state: list[int],
-) -> PoolMirror:
+) -> PrefixIndex:
     """The core's index of the pool, with the configured policy and snapshot budget."""
-    mirror = PoolMirror(
+    mirror = PrefixIndex(
         block_tokens=block_tokens,
         kv_groups=kv,
         state_groups=state,

@@ -12,10 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_hybrid.core.cache_stats import PageCounts
-from vllm_hybrid.core.feed import RequestFeed
-from vllm_hybrid.core.host_ledger import HostLedger
-from vllm_hybrid.core.pool_mirror import PoolMirror
+from vllm_hybrid.core import HostLedger, PageCounts, PrefixIndex, RequestFeed
 
 
 @dataclass(slots=True, eq=False)
@@ -30,7 +27,7 @@ class HybridState:
     """
 
     #: the core's index of the pool's cached pages (the policy ranks its units)
-    mirror: PoolMirror
+    mirror: PrefixIndex
     #: pages cached / evicted by kind (KV, snapshot), for the metrics
     pages: PageCounts
     #: the last 4 bytes of a ``BlockHashWithGroupId`` -> group id (a faster ``get_group_id``)

@@ -1,4 +1,4 @@
-"""PoolMirror: unit tests and a hypothesis property test against a tiny model of an engine pool."""
+"""PrefixIndex: unit tests and a hypothesis property test against a tiny model of an engine pool."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vllm_hybrid.core import PrefixIndex
 from vllm_hybrid.core.cost import CostModel
 from vllm_hybrid.core.layers import AttentionLayers, Mamba2Layers
 from vllm_hybrid.core.node import Node
 from vllm_hybrid.core.policies import POLICIES
-from vllm_hybrid.core.pool_mirror import PoolMirror
 from vllm_hybrid.core.shapes import ModelShape
 
 B = 4
@@ -27,8 +27,8 @@ SHAPE = ModelShape(
 COST = CostModel(SHAPE, B)
 
 
-def make(policy: str = "vllm") -> PoolMirror:
-    return PoolMirror(
+def make(policy: str = "vllm") -> PrefixIndex:
+    return PrefixIndex(
         block_tokens=B, kv_groups=[KV], state_groups=[S1, S2], policy=POLICIES[policy](COST)
     )
 
@@ -36,7 +36,7 @@ def make(policy: str = "vllm") -> PoolMirror:
 class Pool:
     """Pages with ref counts; caches chains of keys like vLLM (one page per (key, group))."""
 
-    def __init__(self, mirror: PoolMirror) -> None:
+    def __init__(self, mirror: PrefixIndex) -> None:
         self.mirror = mirror
         self.next_page = 0
         self.in_use: set[int] = set()
@@ -72,7 +72,7 @@ class Pool:
 
 def test_rejects_bad_groups() -> None:
     with pytest.raises(ValueError):
-        PoolMirror(block_tokens=B, kv_groups=[0], state_groups=[0], policy=POLICIES["vllm"](COST))
+        PrefixIndex(block_tokens=B, kv_groups=[0], state_groups=[0], policy=POLICIES["vllm"](COST))
     with pytest.raises(ValueError):
         make().add(0, "a", 7, B, None)
 
@@ -229,7 +229,7 @@ def test_optional_on_evicted_hook_is_called_before_the_unit_goes() -> None:
         def on_evicted(self, node: Node, snap: bool, n: int) -> None:
             seen.append((node.key, snap, node.has_snapshot))
 
-    mirror = PoolMirror(block_tokens=B, kv_groups=[KV], state_groups=[S1, S2], policy=Hooked(COST))
+    mirror = PrefixIndex(block_tokens=B, kv_groups=[KV], state_groups=[S1, S2], policy=Hooked(COST))
     pool = Pool(mirror)
     pool.cache("a", snap_at={1})
     pool.evict(3)
@@ -328,7 +328,7 @@ def test_the_lookahead_never_frees_fewer_pages() -> None:
 
 
 # ---------------------------------------------------------------- incremental vs from scratch
-def reference_pick(mirror: PoolMirror, n_pages: int, is_free, spare_only: bool = False) -> list:
+def reference_pick(mirror: PrefixIndex, n_pages: int, is_free, spare_only: bool = False) -> list:
     """The pre-incremental ``pick_victims`` (rebuild the live trie and a heap from every entry
     at every call), on copies of the nodes, with the incremental heap's tie-break (priority,
     end, entry serial, kind). Nothing in ``mirror`` or its policy is changed: it ranks with a
@@ -423,7 +423,7 @@ def reference_pick(mirror: PoolMirror, n_pages: int, is_free, spare_only: bool =
     return out
 
 
-def apply(mirror: PoolMirror, pool: Pool, op: str, chain: str, x: int) -> None:
+def apply(mirror: PrefixIndex, pool: Pool, op: str, chain: str, x: int) -> None:
     """One random engine event (no eviction)."""
     cached = mirror.cached_pages()
     page = cached[x % len(cached)] if cached else None
