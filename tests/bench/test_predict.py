@@ -162,3 +162,11 @@ def test_warm_up_requests_teach_the_policy_as_in_the_engine(monkeypatch) -> None
     calls.clear()
     predict.predict_hit_rate(reqs, LAYOUT, "flop")
     assert [(n, first) for n, first, _ in calls] == [(4, 0)]
+
+
+def test_engine_waiting_counts_the_later_requests_arrived_by_the_first_token() -> None:
+    from vllm_hybrid.bench.predict import engine_waiting
+
+    assert engine_waiting([0.0, 0.0, 0.0], [5.0, 1.0, 1.0]) == [2, 1, 0]  # all at once
+    assert engine_waiting([0.0, 1.0, 5.0], [2.0, 0.5, 1.0]) == [1, 0, 0]
+    assert engine_waiting([], []) == []

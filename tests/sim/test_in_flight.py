@@ -168,3 +168,44 @@ def test_bad_window_arguments() -> None:
         _run([A], in_flight=2, visible_after=3)
     with pytest.raises(ValueError, match="running_bytes"):
         _run([A], pages=8, in_flight=3, running_bytes=3 * PAGE)
+
+
+C = list(range(600, 650))
+
+
+@pytest.mark.parametrize("policy", ["vllm", "flop"])
+def test_lookahead_keeps_what_a_waiting_request_would_hit(policy: str) -> None:
+    # 12 pages hold A and C (6 each); OTHER needs 6, so one of them goes. A is older: without
+    # lookahead it goes and the last request (A) misses; with request 3 waiting while OTHER is
+    # served, A's units are passed over and C goes instead (the engine's PrefixIndex.lookahead).
+    prompts = [A, C, OTHER, A]
+    assert _run(prompts, pages=12, policy=policy).hit_tokens == 0
+    assert _run(prompts, pages=12, policy=policy, waiting=[0, 0, 0, 0]).hit_tokens == 0
+    ahead = _run(prompts, pages=12, policy=policy, waiting=[3, 2, 1, 0])
+    assert ahead.hit_tokens == 48
+    # Only the waiting requests count: with request 3 not yet arrived when OTHER is served,
+    # A goes as without lookahead.
+    assert _run(prompts, pages=12, policy=policy, waiting=[1, 1, 0, 0]).hit_tokens == 0
+
+
+def test_lookahead_wants_one_count_per_request() -> None:
+    with pytest.raises(ValueError, match="waiting has 2 counts for 3 requests"):
+        _run([A, C, A], waiting=[1, 0])
+
+
+def test_the_policy_learns_of_a_request_once_its_blocks_are_cached() -> None:
+    # The engine feeds a request to the policy after vLLM's allocate_slots cached its blocks
+    # (HybridScheduler._hy_feed_started runs after Scheduler.schedule); the simulator does the
+    # same, so what the policy learns (e.g. flop's branch-point counts) is the engine's.
+    # Request 1 hits A's state at 48 and continues with a block of its own: when the policy
+    # hears of it, that block is already the hit node's child.
+    seen: list[tuple[int, int]] = []
+
+    class Recording(POLICIES["flop"]):  # type: ignore[misc, valid-type]
+        def observe(self, ctx, hit_node):  # type: ignore[no-untyped-def]
+            seen.append((ctx.hit_tokens, hit_node.n_children))
+            super().observe(ctx, hit_node)
+
+    prompts = [A, A[:48] + list(range(700, 730))]
+    replay(_keyed(prompts), COST, Recording(COST), 64 * PAGE)
+    assert seen == [(0, 1), (48, 1)]

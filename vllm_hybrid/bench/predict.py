@@ -23,6 +23,7 @@ the prompt end.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -120,6 +121,20 @@ def engine_running(running_at_start: Sequence[int | None]) -> int | None:
     return _rounded_mean(counts) if counts else None
 
 
+def engine_waiting(arrivals_s: Sequence[float], ttfts_s: Sequence[float]) -> list[int]:
+    """Per request, how many later requests were waiting when the engine served it: those that
+    had arrived by its first token (its blocks were allocated, and pages evicted for them,
+    before it). With every request arriving at once (``--time-scale 0``), all later ones. The
+    simulator passes their paths to the index's lookahead, as the engine's scheduler passes
+    its waiting queue's (``sim/replay.py``)."""
+    out = []
+    for i, (a, ttft) in enumerate(zip(arrivals_s, ttfts_s, strict=True)):
+        until = a + ttft
+        n = bisect.bisect_right(arrivals_s, until, lo=i + 1) - (i + 1)
+        out.append(max(n, 0))
+    return out
+
+
 def _rounded_mean(counts: Sequence[int]) -> int:
     """The mean of ``counts`` (not empty), rounded half up, at least 1."""
     return max(1, math.floor(sum(counts) / len(counts) + 0.5))
@@ -144,6 +159,7 @@ def predict_hit_rate(
     policy: str,
     in_flight: int | None = None,
     warmup: int = 0,
+    waiting: Sequence[int] | None = None,
 ) -> float | None:
     """The simulator's token hit rate for row ``policy`` (None for rows it cannot model).
     ``in_flight=None``: one request at a time with the whole pool (the original prediction);
@@ -151,7 +167,9 @@ def predict_hit_rate(
     cache after their running pages (:func:`sim_in_flight`). ``warmup``: the row's engine
     first served that many warm-up requests (``workload.warmup_requests``) and then reset its
     cache; the simulator does the same with the same policy object (a learning policy keeps
-    what they taught it, as the engine's does)."""
+    what they taught it, as the engine's does). ``waiting``: per request, how many later ones
+    were waiting when the engine served it (:func:`engine_waiting`), for the lookahead of rows
+    whose engine runs the index (every row but ``stock``, whose cache is vLLM's)."""
     name = SIM_POLICY.get(policy, policy)
     if name not in POLICIES:
         return None
@@ -162,7 +180,9 @@ def predict_hit_rate(
     n = 1 if in_flight is None else sim_in_flight(layout, in_flight)
     run = 0 if in_flight is None else running_bytes(layout)
 
-    def serve(batch: Sequence[BenchRequest], first: int) -> float:
+    lookahead = None if policy == STOCK else waiting
+
+    def serve(batch: Sequence[BenchRequest], first: int, ahead: Sequence[int] | None) -> float:
         keyed = [
             KeyedRequest(r, layout.block_tokens) for r in sim_requests(batch, layout.block_tokens)
         ]
@@ -175,10 +195,11 @@ def predict_hit_rate(
             running_bytes=run,
             admission=admission,
             first_index=first,
+            waiting=ahead,
         )
         return stats.token_hit_rate
 
     warm = warmup_requests(reqs, warmup) if warmup else []
     if warm:
-        serve(warm, 0)  # then a fresh pool: the engine resets its prefix cache
-    return serve(reqs, len(warm))
+        serve(warm, 0, None)  # then a fresh pool: the engine resets its prefix cache
+    return serve(reqs, len(warm), lookahead)

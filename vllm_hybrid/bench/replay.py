@@ -229,6 +229,7 @@ def add_predictions(
         PoolLayout,
         engine_in_flight,
         engine_running,
+        engine_waiting,
         predict_hit_rate,
         sim_in_flight,
     )
@@ -247,8 +248,9 @@ def add_predictions(
                 n = engine_in_flight([r.arrival_s for r in recs], [r.latency_s for r in recs], cap)
             n = sim_in_flight(layout, n)  # what the simulator runs with, as printed
             row.sim_in_flight = n
-            row.sim_hit_rate = predict_hit_rate(reqs, layout, name, n, warmup)
-            row.sim_hit_rate_1 = predict_hit_rate(reqs, layout, name, warmup=warmup)
+            waiting = engine_waiting([r.arrival_s for r in recs], [r.ttft_s for r in recs])
+            row.sim_hit_rate = predict_hit_rate(reqs, layout, name, n, warmup, waiting)
+            row.sim_hit_rate_1 = predict_hit_rate(reqs, layout, name, warmup=warmup, waiting=waiting)
 
 
 def run_http(args: argparse.Namespace, reqs: list[BenchRequest]) -> list[RowResult]:

@@ -33,6 +33,14 @@ partial KV block); the window is always full, so the pool's budget is ``budget_b
 in_flight * running_bytes``. ``in_flight=1`` with ``running_bytes=0`` (the defaults) is the
 one-request-at-a-time loop above, unchanged.
 
+Lookahead (``waiting``, off by default): the engine's scheduler tells the index which block
+keys its waiting requests would hit (``PrefixIndex.lookahead``: the first ``lookahead_paths``
+waiting requests, refreshed once per scheduler step), and the units they would hit are evicted
+last. ``waiting[i]`` is how many of the requests after request ``i`` are waiting when it is
+served (all of them when every request arrives at once); each such request's prompt path, up to
+the last block a hit may end on, is passed to the same index hook, refreshed before each
+request.
+
 ``hold_snapshots=False`` (off by default): what a request holds protects its KV only, not the
 state snapshots on its path, as in vLLM's align mode, where a running request keeps its KV
 blocks referenced until it finishes but frees a state block (the one it hit, a junction or
@@ -47,7 +55,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 
 from vllm_hybrid.core import AdmitContext, BeladyOracle, CostModel, Match, Node
@@ -265,9 +273,11 @@ def _serve(run: _Run, kr: KeyedRequest, t: int) -> None:
         kr.key_at,
         kr.probe,
     )
-    run.policy.observe(ctx, m.hit_node)  # type: ignore[attr-defined]
     positions = run.admission.snapshot_positions(ctx)  # type: ignore[attr-defined]
     _commit(pool, kr, m, h, positions, t, window)
+    # The engine learns of a request once vLLM's allocate_slots has cached its blocks
+    # (adapters/vllm/scheduler.py::_hy_feed_started runs after Scheduler.schedule): so here.
+    run.policy.observe(ctx, m.hit_node)  # type: ignore[attr-defined]
     if window is None:
         pool.unlock(h)
     else:
@@ -285,6 +295,16 @@ def _count(run: _Run, prompt_tokens: int, m: Match) -> float:
     saved = cost.span_flops(0, m.hit_tokens)
     stats.flops_saved += saved
     return saved
+
+
+def _waiting_paths(
+    requests: Sequence[KeyedRequest], i: int, n: int
+) -> Iterator[Sequence[Hashable]]:
+    """The prompt paths of the ``n`` requests after request ``i``, each up to the last block a
+    hit may end on (a hit leaves the last prompt token to compute), as the engine's scheduler
+    gives its waiting requests' (``adapters/vllm/scheduler.py::_hy_waiting_paths``)."""
+    for kr in requests[i + 1 : i + 1 + n]:
+        yield kr.keys[: (kr.req.prompt_tokens - 1) // kr.block_tokens]
 
 
 def replay(
@@ -305,6 +325,7 @@ def replay(
     hold_snapshots: bool = True,
     admission: object | None = None,
     first_index: int = 0,
+    waiting: Sequence[int] | None = None,
 ) -> RunStats:
     """Replay ``requests``; ``oracle`` (if given) records future uses for a Belady run;
     ``check_every`` > 0 runs ``check_integrity()`` every that many requests (slow);
@@ -315,7 +336,9 @@ def replay(
     its KV only, not its snapshots (vLLM's align mode; module docstring); ``admission``: the
     policy that chooses where snapshots are taken (default ``policy``; e.g. an engine that
     ranks by ``policy`` but keeps states where vLLM's align mode does); ``first_index``: the
-    first request's index (its clock), for a policy that served requests before."""
+    first request's index (its clock), for a policy that served requests before;
+    ``waiting``: per request, how many of the next requests are waiting when it is served
+    (lookahead, module docstring; None: none)."""
     if in_flight < 1:
         raise ValueError(f"in_flight must be >= 1, got {in_flight}")
     if not 1 <= visible_after <= in_flight:
@@ -340,7 +363,15 @@ def replay(
     )
     started = time.perf_counter()
     run = _Run(pool, policy, admission or policy, cost, stats, oracle, window)
+    if waiting is not None and len(waiting) != len(requests):
+        raise ValueError(f"waiting has {len(waiting)} counts for {len(requests)} requests")
+    cursor = [0]
+    if waiting:
+        pool.index.lookahead = lambda: _waiting_paths(requests, cursor[0], waiting[cursor[0]])
     for t, kr in enumerate(requests, start=first_index):
+        if waiting:
+            cursor[0] = t - first_index
+            pool.index.refresh_lookahead()
         _serve(run, kr, t)
         if pool.peak_bytes > pool_budget:
             raise BudgetViolation(f"{stats.policy}: peak {pool.peak_bytes} > {pool_budget}")
