@@ -6,8 +6,9 @@ Baselines model real systems (see docs/policies.md for where each differs from t
                 boundary ``floor((len - 1) / B) * B`` and at block-floored shared-prefix junctions
                 (when the KV hit is longer than the state hit); per-block LRU on one pool.
 * ``lru-dense`` vLLM's dense mode: a state at every block boundary; per-block LRU.
-* ``sglang``    radix node = KV + state: a state at the exact end of each finished sequence,
-                none at split points (tombstones); separate LRU orders for states and KV leaves.
+* ``sglang``    SGLang's radix cache, ``extra_buffer``: a state per prefill chunk (its last
+                64-token grid point, or the branching point), the last decode-track boundary
+                at the end; none at split points (tombstones); LRU over KV leaves and states.
 * ``marconi``   states at speculative branch points and exact ends of turns; evicts leaves and
                 single-child nodes by ``recency / window + alpha * FLOP efficiency``.
 * ``flop``      ours: GreedyDual-Size-Frequency on FLOPs saved per byte (no tuned knob).
@@ -31,6 +32,12 @@ from vllm_hybrid.core.ghosts import GhostBalance
 from vllm_hybrid.core.host_tier import HostTier
 from vllm_hybrid.core.node import Node
 from vllm_hybrid.core.policy import AdmitContext, output_state_position
+from vllm_hybrid.core.sglang import (
+    CHUNKED_PREFILL_TOKENS,
+    FLA_CHUNK_TOKENS,
+    TRACK_INTERVAL_TOKENS,
+    SglangGrid,
+)
 
 _NEVER = float("-inf")
 _DEPTH_SLOTS = float(1 << 22)  # tie-break room below one time step for LRU keys
@@ -187,9 +194,35 @@ class LruDensePolicy(VllmPolicy):
 
 
 class SglangPolicy(_Base):
-    """SGLang MambaRadixCache: states at exact sequence ends; LRU over states and KV leaves."""
+    """SGLang 0.5.23's hybrid radix cache (``UnifiedRadixCache`` + ``MambaComponent``; 0.5.9's
+    ``MambaRadixCache``), ``extra_buffer`` strategy, with the block as its page.
+
+    Admission (:class:`~vllm_hybrid.core.sglang.SglangGrid`): one state per prefill chunk (its
+    last grid point, or the branching point of a KV match that ends past the state hit) and,
+    at the end, the last decode-track boundary; the KV past the last state is not kept
+    (:meth:`kv_end_tokens`). Split points keep no state (tombstones: KV only).
+    Eviction: LRU over KV leaves (a leaf goes with its state) and LRU over interior states
+    (``MambaComponent.refresh_lru``: a state is refreshed when it is hit or inserted), the two
+    orders merged by time in one budget; ``replay(..., state_budget_bytes=...)`` gives the
+    states a pool of their own (:func:`~vllm_hybrid.core.sglang.pool_split_bytes`).
+    Left out: ``no_buffer`` (page 1, exact-position states), the KV and state a decode leaves
+    past the prompt where the trace does not know the output (Mooncake), running requests'
+    own state slots, HiCache, ``mamba_max_states_per_path`` (default off).
+    """
 
     name: ClassVar[str] = "sglang"
+
+    def __init__(
+        self,
+        cost: CostModel,
+        chunk_tokens: int = CHUNKED_PREFILL_TOKENS,
+        model_chunk_tokens: int = FLA_CHUNK_TOKENS,
+        track_interval_tokens: int = TRACK_INTERVAL_TOKENS,
+    ) -> None:
+        super().__init__(cost)
+        self.grid = SglangGrid.of(
+            self.block_tokens, model_chunk_tokens, track_interval_tokens, chunk_tokens
+        )
 
     def kv_priority(self, node: Node, now: int) -> float | None:
         return float(node.last_access) if node.is_leaf else None
@@ -198,7 +231,25 @@ class SglangPolicy(_Base):
         return None if node.is_leaf else float(node.snap_access)
 
     def snapshot_positions(self, ctx: AdmitContext) -> list[int]:
-        return [ctx.cacheable_tokens]
+        grid, prompt = self.grid, ctx.prompt_tokens
+        out = grid.prefill_positions(prompt, ctx.hit_tokens, ctx.kv_tokens)
+        if ctx.cacheable_tokens > prompt:  # the output is known: the decode's last track
+            last = grid.finish_position(prompt, ctx.cacheable_tokens - 1)
+            if last:
+                out.append(last)
+        return out
+
+    def kv_end_tokens(self, ctx: AdmitContext, positions: list[int]) -> int:
+        """The tree keeps a request's KV up to its last state only (``checkpoint_into_tree``
+        cuts the insert at the state's length; the rest is freed)."""
+        return max(positions, default=0)
+
+    def output_state_positions(self, ctx: AdmitContext) -> list[int]:
+        """For an engine that can keep only the state at the end of the output
+        (:func:`~vllm_hybrid.core.policy.output_state_position`): that end where SGLang keeps
+        a state in the output at all, i.e. its decode crossed a track boundary."""
+        end = ctx.cacheable_tokens
+        return [end] if self.grid.finish_position(ctx.prompt_tokens, end) else []
 
 
 class MarconiPolicy(_Base):

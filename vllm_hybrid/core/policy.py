@@ -8,6 +8,10 @@ A policy never touches the index or a pool. It answers three questions:
 * :meth:`EvictionPolicy.snapshot_priority`: the same for the snapshot alone (the KV stays).
 * :meth:`AdmissionPolicy.snapshot_positions`: where a request should leave state snapshots.
 
+Optional admission hook: ``kv_end_tokens(ctx, positions)``, how much of the request's cacheable
+content keeps its KV in the cache (the simulator keeps the full blocks within it); without it,
+all of it (``sglang`` keeps the KV up to its last state only, as SGLang's tree does).
+
 Optional hook: a policy with ``on_evicted(node, snapshot_only, entries_held)`` is told of each
 victim just before it goes (``snapshot_only``: only its state goes, the KV stays), e.g. to keep
 ghosts of evicted keys. It must not touch the index; policies without it are unaffected.
