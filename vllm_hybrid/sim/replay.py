@@ -5,9 +5,10 @@ The pool is the simulator's page pool (``sim/pool.py``) under the engine's prefi
 
 Each request: match its prompt (a hit must leave the last prompt token to compute, so at most
 ``prompt_tokens - 1``), lock the matched path, let the policy choose snapshot positions, insert
-the blocks it leaves behind (prompt, plus output where a later turn extends it) with snapshots
-where chosen, unlock. Requests are served one at a time (no overlap in time); the budget is
-checked after every request and the pool raises if any step would exceed it.
+the blocks it leaves behind (prompt, plus output where a later turn extends it; an admission
+with ``kv_end_tokens`` keeps fewer, ``core/policy.py``) with snapshots where chosen, unlock.
+Requests are served one at a time (no overlap in time); the budget is checked after every
+request and the pool raises if any step would exceed it.
 
 With a host tier (``host_bytes > 0``), snapshots the policy evicts alone are demoted to host
 memory; a request whose hit ends on a host snapshot counts as a hit (its prefix is skipped, the
@@ -128,13 +129,15 @@ def _commit(
     positions: list[int],
     t: int,
     window: _Window | None = None,
+    kv_end_tokens: int | None = None,
 ) -> None:
     b = pool.block_tokens
     wanted = set(positions)
-    pool.make_room(_new_bytes(pool, kr, m, wanted))  # at once, as an engine allocates
+    n_blocks = _kept_blocks(kr, kv_end_tokens)
+    pool.make_room(_new_bytes(pool, kr, m, wanted, n_blocks))  # at once, as engines allocate
     for pos in sorted(p for p in wanted if p % b == 0 and 0 < p <= m.kv_tokens):
         _admit_snapshot(pool, h, m.kv_nodes[pos // b - 1], t, window)
-    for i in range(len(m.kv_nodes), len(kr.keys)):
+    for i in range(len(m.kv_nodes), n_blocks):
         node = pool.insert_block(h, kr.keys[i], origin=t)
         if node is None:
             return  # budget full of held pages: the rest is not cached
@@ -148,18 +151,28 @@ def _commit(
             window.extra.append(pool.lock(partial))  # the request's state: held while it runs
 
 
-def _new_bytes(pool: SimPool, kr: KeyedRequest, m: Match, wanted: set[int]) -> int:
-    """The bytes :func:`_commit` will take: the blocks past the KV hit not cached yet, the
-    snapshots at ``wanted`` block ends not held yet, and an exact end's partial block. Room
-    for all of them is made in one go, as vLLM's ``KVCacheManager.allocate_slots`` takes a
-    prefill's blocks in one ``BlockPool.get_new_blocks`` call (fewer, larger evictions; the
-    same victims, since the request's own pages are held)."""
+def _kept_blocks(kr: KeyedRequest, kv_end_tokens: int | None) -> int:
+    """The full blocks of ``kr``'s content whose KV it leaves in the cache: all of them, or
+    those within what its admission keeps (``kv_end_tokens``, e.g. ``sglang``: up to its last
+    state; the exact end's partial block only when that is all of the content)."""
+    if kv_end_tokens is None or kv_end_tokens >= kr.req.cacheable_tokens:
+        return len(kr.keys)
+    return min(len(kr.keys), max(kv_end_tokens, 0) // kr.block_tokens)
+
+
+def _new_bytes(pool: SimPool, kr: KeyedRequest, m: Match, wanted: set[int], n_blocks: int) -> int:
+    """The bytes :func:`_commit` will take: the blocks past the KV hit not cached yet (of the
+    first ``n_blocks``), the snapshots at ``wanted`` block ends not held yet, and an exact
+    end's partial block. Room for all of them is made in one go, as vLLM's
+    ``KVCacheManager.allocate_slots`` takes a prefill's blocks in one
+    ``BlockPool.get_new_blocks`` call (fewer, larger evictions; the same victims, since the
+    request's own pages are held)."""
     b, node_of = pool.block_tokens, pool.node_of
     keys = kr.keys
-    blocks = sum(node_of(keys[i]) is None for i in range(len(m.kv_nodes), len(keys)))
+    blocks = sum(node_of(keys[i]) is None for i in range(len(m.kv_nodes), n_blocks))
     states = 0
     for pos in wanted:
-        if pos % b or pos <= 0 or pos > len(keys) * b:
+        if pos % b or pos <= 0 or pos > max(n_blocks, len(m.kv_nodes)) * b:
             continue
         node = node_of(keys[pos // b - 1])
         states += node is None or not node.has_snapshot
@@ -274,7 +287,10 @@ def _serve(run: _Run, kr: KeyedRequest, t: int) -> None:
         kr.probe,
     )
     positions = run.admission.snapshot_positions(ctx)  # type: ignore[attr-defined]
-    _commit(pool, kr, m, h, positions, t, window)
+    kv_end = getattr(run.admission, "kv_end_tokens", None)
+    _commit(
+        pool, kr, m, h, positions, t, window, None if kv_end is None else kv_end(ctx, positions)
+    )
     # The engine learns of a request once vLLM's allocate_slots has cached its blocks
     # (adapters/vllm/scheduler.py::_hy_feed_started runs after Scheduler.schedule): so here.
     run.policy.observe(ctx, m.hit_node)  # type: ignore[attr-defined]
