@@ -121,6 +121,25 @@ def test_snapshot_of_a_running_path_can_go_alone() -> None:
     assert mirror.keys_of(pages["a", KV]) == {("a", KV)}
 
 
+def test_kv_only_victims_pass_over_snapshot_units() -> None:
+    """A KV shortage in a pool whose states have memory of their own (SGLang's two pools):
+    the snapshot unit that ranks lowest is passed over (it stays ranked), KV units go, a
+    leaf's state with it."""
+    mirror = make("sglang")
+    pool = Pool(mirror)
+    old = pool.cache("ab", snap_at={1})  # an interior state at "a": the oldest unit
+    mirror.tick()
+    new = pool.cache("cd", snap_at={2})
+    mirror.tick()
+    mirror.touch_pages([old["ab", KV]])  # "ab" more recent than "cd"
+    victims = mirror.pick_victims(1, pool.is_free, kv_only=True)
+    assert sorted(victims) == sorted(new[k, g] for k in ("cd",) for g in (KV, S1, S2))
+    for page in victims:
+        mirror.drop_page(page)
+    mirror.check_integrity()
+    assert pool.evict(1) == sorted([old["a", S1], old["a", S2]])  # still ranked, lowest
+
+
 def test_dead_pages_first_after_the_engine_drops_an_interior_block() -> None:
     mirror = make("flop")
     pool = Pool(mirror)

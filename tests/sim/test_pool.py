@@ -162,6 +162,34 @@ def test_integrity_detects_corruption() -> None:
         pool.check_integrity()
 
 
+def test_two_pools_evict_within_their_own_pool() -> None:
+    """SGLang's two pools: a state shortage takes the least recently used state (an interior
+    one alone), a KV shortage the least recently used KV leaf (its state with it), never a
+    state alone, and the KV does not use the states' free bytes."""
+    pool = make(20, "sglang", state_budget_bytes=6)  # two states; 14 bytes: 3 KV blocks
+    h = pool.lock(pool.root)
+    a = pool.insert_block(h, "a")
+    b = pool.insert_block(h, "b")
+    assert a is not None and b is not None
+    assert pool.admit_snapshot(h, a) and pool.admit_snapshot(h, b)
+    pool.unlock(h)
+    pool.now = 1
+    h = pool.lock(pool.root)
+    c = pool.insert_block(h, "c")
+    assert c is not None and pool.admit_snapshot(h, c)  # a third state: "a"'s goes (LRU)
+    assert not a.has_snapshot and b.has_snapshot and pool.evicted_kv_blocks == 0
+    assert pool.used_state_bytes == 6 and pool.used_bytes == 12 + 6
+    d = pool.insert_block(h, "d")  # the KV pool is full: the LRU leaf "b" goes, state too
+    assert d is not None and not b.alive and a.alive and pool.used_state_bytes == 3
+    e = pool.insert_block(h, "e")  # 2 KV bytes free (3 in the state pool): "a" goes
+    assert e is not None and not a.alive and c.has_snapshot
+    assert (pool.evicted_kv_blocks, pool.evicted_snapshots) == (2, 2)
+    pool.unlock(h)
+    pool.check_integrity()
+    with pytest.raises(ValueError, match="state pool"):
+        make(5, "sglang", state_budget_bytes=6)
+
+
 # ---------------------------------------------------------------- random operation sequences
 OPS = st.lists(
     st.tuples(
@@ -180,9 +208,15 @@ OPS = st.lists(
     budget=st.integers(0, 40),
     host_bytes=st.sampled_from([0, 3, 9]),
     hold=st.booleans(),
+    state_share=st.sampled_from([None, 0.0, 0.5, 1.0]),
 )
-def test_random_operations_keep_invariants(ops, policy, budget, host_bytes, hold) -> None:
-    pool = make(budget, policy, host_bytes=host_bytes, hold_snapshots=hold)
+def test_random_operations_keep_invariants(
+    ops, policy, budget, host_bytes, hold, state_share
+) -> None:
+    states = None if state_share is None else int(budget * state_share)
+    pool = make(
+        budget, policy, host_bytes=host_bytes, hold_snapshots=hold, state_budget_bytes=states
+    )
     handles, matches = [], {}
     for t, (op, a, b) in enumerate(ops):
         pool.now = t
@@ -217,3 +251,6 @@ def test_random_operations_keep_invariants(ops, policy, budget, host_bytes, hold
             assert h.node.alive  # held pages are never evicted
         pool.check_integrity()
         assert pool.used_bytes <= budget and pool.peak_bytes <= budget
+        if states is not None:  # each pool within its own budget
+            assert pool.used_state_bytes <= states
+            assert pool.used_bytes - pool.used_state_bytes <= budget - states

@@ -117,6 +117,7 @@ def test_cli_runs_and_writes_json(tmp_path, capsys) -> None:
         (["--budget-gb", "1,x"], "--budget-gb must be comma-separated numbers"),
         (["--host-gb", "-1"], "--host-gb must be >= 0"),
         (["--host-gbps", "0"], "--host-gbps must be > 0"),
+        (["--sglang-pools", "-1"], "--sglang-pools must be >= 0"),
     ],
 )
 def test_cli_clear_errors(args, msg, capsys) -> None:
@@ -135,3 +136,18 @@ def test_cli_host_tier_and_int8_columns(tmp_path, capsys) -> None:
     flop = json.loads(out.read_text())["budgets"]["1000000000"]["rows"]["flop"]
     assert flop["host_budget_bytes"] == 8 * 10**9 and flop["demoted"] > 0
     assert flop["host_peak_bytes"] <= flop["host_budget_bytes"]
+
+
+def test_cli_sglang_with_its_two_pools(tmp_path, capsys) -> None:
+    """``--sglang-pools 0.9``: a ``sglang-2pool`` row, run with SGLang's split of the budget
+    (9/19 for states; the pool raises if either part overflows): other hits than merged."""
+    out = tmp_path / "r.json"
+    args = ["simulate", "--trace", "gen:chat", "--limit", "200", "--model", "marconi-7b"]
+    args += ["--budget-gb", "1", "--policies", "sglang", "--no-progress", "--json", str(out)]
+    assert main([*args, "--sglang-pools", "0.9"]) == 0
+    assert "sglang-2pool" in capsys.readouterr().out
+    rows = json.loads(out.read_text())["budgets"]["1000000000"]["rows"]
+    merged, split = rows["sglang"], rows["sglang-2pool"]
+    assert split["budget_bytes"] == merged["budget_bytes"] == 10**9
+    assert split["peak_bytes"] <= 10**9 and split["evicted_snapshots"] > 0
+    assert split["token_hit_rate"] != merged["token_hit_rate"]

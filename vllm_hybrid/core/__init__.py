@@ -56,6 +56,7 @@ from vllm_hybrid.core.policy import (
     EvictionPolicy,
     output_state_position,
 )
+from vllm_hybrid.core.sglang import MAMBA_FULL_MEMORY_RATIO, pool_split_bytes
 from vllm_hybrid.core.shapes import (
     ModelShape,
     ShapeError,
@@ -69,6 +70,7 @@ __all__ = [
     "DEMOTE",
     "IMPORT_KEY",
     "KV",
+    "MAMBA_FULL_MEMORY_RATIO",
     "MAX_BREAKPOINTS",
     "METRICS",
     "PIN_TTL",
@@ -124,6 +126,7 @@ __all__ = [
     "merge_breakpoints",
     "output_state_position",
     "periodic_interval",
+    "pool_split_bytes",
     "prewarm_prompt",
     "shape_name_for_model_type",
 ]

@@ -11,7 +11,14 @@ import sys
 import time
 from typing import Any
 
-from vllm_hybrid.core import POLICIES, CostModel, ShapeError, builtin_shape_names, load_shape
+from vllm_hybrid.core import (
+    MAMBA_FULL_MEMORY_RATIO,
+    POLICIES,
+    CostModel,
+    ShapeError,
+    builtin_shape_names,
+    load_shape,
+)
 from vllm_hybrid.sim.generators import GENERATORS
 from vllm_hybrid.sim.replay import ProgressFn
 from vllm_hybrid.sim.report import format_text, write_json, write_plot
@@ -56,6 +63,14 @@ def add_simulate_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--int8-snapshots",
         action="store_true",
         help="snapshots stored as int8 SSM states + per-head scales (about half the bytes)",
+    )
+    p.add_argument(
+        "--sglang-pools",
+        type=float,
+        default=0.0,
+        metavar="RATIO",
+        help="also run sglang with SGLang's two pools, Mamba/KV bytes = RATIO (its "
+        f"--mamba-full-memory-ratio, default {MAMBA_FULL_MEMORY_RATIO}); 0: only one budget",
     )
     p.add_argument("--limit", type=int, default=None, help="only the first N requests")
     p.add_argument("--seed", type=int, default=0, help="seed for gen: workloads")
@@ -116,6 +131,8 @@ def run_simulate(args: argparse.Namespace) -> int:
             raise ValueError(f"--host-gb must be >= 0, got {args.host_gb:g}")
         if not args.host_gbps > 0:
             raise ValueError(f"--host-gbps must be > 0, got {args.host_gbps:g}")
+        if args.sglang_pools < 0:
+            raise ValueError(f"--sglang-pools must be >= 0, got {args.sglang_pools:g}")
         cost = CostModel(
             load_shape(args.model), args.block_tokens, int8_snapshots=args.int8_snapshots
         )
@@ -137,6 +154,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         progress=show,
         host_bytes=int(args.host_gb * 1e9),
         host_bandwidth=args.host_gbps * 1e9,
+        sglang_pools=args.sglang_pools,
     )
     print(format_text(res))
     print(f"({len(requests)} requests, {time.perf_counter() - started:.1f}s)")

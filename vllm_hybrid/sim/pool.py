@@ -28,12 +28,18 @@ P1. Every page is cached in the index under exactly the one (key, group) the poo
 P2. A page's reference count is the number of active handles that hold it; every active
     handle's pages exist.
 P3. ``used_bytes`` is the sum of the pages' bytes, and ``used_bytes <= peak_bytes <=
-    budget_bytes``: room is made before bytes are taken, never after.
+    budget_bytes``: room is made before bytes are taken, never after. ``used_state_bytes`` is
+    the sum of the state pages' bytes; with a state pool each pool stays within its budget.
+
+Two pools (``state_budget_bytes``, off by default), as SGLang sizes a Mamba pool apart from the
+KV pool: states take their bytes from ``state_budget_bytes``, KV from the rest of the budget; a
+state shortage evicts what frees states (a leaf's KV goes with its state), a KV shortage what
+frees KV (snapshot units are passed over), each in the policy's order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 from vllm_hybrid.core import (
     EvictionPolicy,
@@ -81,7 +87,10 @@ class SimPool:
         host_bytes: int = 0,
         host_bandwidth: float = 25e9,
         hold_snapshots: bool = True,
+        state_budget_bytes: int | None = None,
     ) -> None:
+        if state_budget_bytes is not None and not 0 <= state_budget_bytes <= budget_bytes:
+            raise ValueError(f"state pool {state_budget_bytes} outside 0..{budget_bytes}")
         if block_tokens <= 0 or budget_bytes < 0 or kv_bytes_per_token < 0 or snapshot_bytes < 0:
             raise ValueError("block_tokens must be > 0 and byte sizes >= 0")
         self.block_tokens = block_tokens
@@ -89,6 +98,7 @@ class SimPool:
         self.kv_bytes_per_block = kv_bytes_per_token * block_tokens
         self.snapshot_bytes = snapshot_bytes
         self.budget_bytes = budget_bytes
+        self.state_budget_bytes = state_budget_bytes
         self.hold_snapshots = hold_snapshots
         self.index = PrefixIndex(
             block_tokens=block_tokens,
@@ -102,7 +112,7 @@ class SimPool:
         if host_bytes > 0 and snapshot_bytes > 0 and host_slots(host_bytes, snapshot_bytes):
             slots = host_slots(host_bytes, snapshot_bytes)
             self.host = HostLedger(self.index, slots, snapshot_bytes, host_bandwidth)
-        self.used_bytes = self.peak_bytes = 0
+        self.used_bytes = self.peak_bytes = self.used_state_bytes = 0
         self.snapshots_admitted = self.evicted_kv_blocks = self.evicted_snapshots = 0
         self._next_page = 0
         self._bytes: dict[int, int] = {}  # page -> its bytes
@@ -220,7 +230,7 @@ class SimPool:
             raise ValueError(f"admit_snapshot needs a live node in use, got {node!r}")
         if node.key in self._pages[STATE_GROUP]:
             return True
-        if not self.make_room(self.snapshot_bytes):
+        if not self.make_room(0, self.snapshot_bytes):
             return False
         holder = handle if self.hold_snapshots else None
         page = self._new_page(self.snapshot_bytes, node.key, STATE_GROUP, holder)
@@ -239,7 +249,7 @@ class SimPool:
         if key in self._pages[KV_GROUP]:
             return self.index.live_node(key)
         kv_bytes = n_tokens * self.kv_bytes_per_token
-        if not self.make_room(kv_bytes + self.snapshot_bytes):
+        if not self.make_room(kv_bytes, self.snapshot_bytes):
             return None
         end = parent.end_tokens + n_tokens
         kv_page = self._new_page(kv_bytes, key, KV_GROUP, None)
@@ -261,7 +271,7 @@ class SimPool:
             raise ValueError(f"promote needs the hit path in use, got {node!r}")
         tier = self.host.tier
         priority = tier.take(node)
-        if self.make_room(self.snapshot_bytes):
+        if self.make_room(0, self.snapshot_bytes):
             holder = handle if self.hold_snapshots else None
             page = self._new_page(self.snapshot_bytes, node.key, STATE_GROUP, holder)
             self.index.add(page, node.key, STATE_GROUP, node.end_tokens, self._parent_key(node))
@@ -285,11 +295,12 @@ class SimPool:
     def _new_page(self, n_bytes: int, key: Hashable, group: int, holder: LockHandle | None) -> int:
         """A page of ``n_bytes`` for (key, group), held by ``holder`` if given; the caller
         made room and caches it in the index next."""
-        if self.used_bytes + n_bytes > self.budget_bytes:
-            raise BudgetError(f"budget exceeded: {self.used_bytes + n_bytes} > {self.budget_bytes}")
+        if n_bytes > self._pool_free(group == STATE_GROUP):
+            raise BudgetError(f"budget exceeded: {n_bytes} more in group {group}")
         page = self._next_page
         self._next_page += 1
         self.used_bytes += n_bytes
+        self.used_state_bytes += n_bytes if group == STATE_GROUP else 0
         self.peak_bytes = max(self.peak_bytes, self.used_bytes)
         self._bytes[page] = n_bytes
         self._page_of[page] = (key, group)
@@ -327,29 +338,58 @@ class SimPool:
     def _is_free(self, page: int) -> bool:
         return page not in self._refs
 
-    def make_room(self, n_bytes: int) -> bool:
-        """Free the index's victims until ``n_bytes`` more fit; False if they cannot (what is
-        left is held). Commits call it; tests and callers may too."""
+    def make_room(self, n_bytes: int, state_bytes: int = 0) -> bool:
+        """Free the index's victims until ``n_bytes`` of KV and ``state_bytes`` of states more
+        fit (one sum without a state pool); False if they cannot (what is left is held).
+        Commits call it; tests and callers may too."""
         largest = max(self.kv_bytes_per_block, self.snapshot_bytes, 1)
-        while self.budget_bytes - self.used_bytes < n_bytes:
-            # at least this many pages must go (none frees more than the largest): asking for
-            # them at once evicts what one page at a time would, in fewer calls
-            short = n_bytes - (self.budget_bytes - self.used_bytes)
-            victims = self.index.pick_victims(-(-short // largest), self._is_free)
+        is_free, index = self._is_free, self.index
+        if self.state_budget_bytes is None:
+            ok = self._evict_until(
+                n_bytes + state_bytes,
+                False,
+                lambda n: index.pick_victims(-(-n // largest), is_free),
+            )
+        else:
+            snap = max(self.snapshot_bytes, 1)
+            ok = self._evict_until(
+                state_bytes, True, lambda n: index.pick_snapshot_victims(-(-n // snap), is_free)
+            ) and self._evict_until(
+                n_bytes, False, lambda n: index.pick_victims(-(-n // largest), is_free, True)
+            )
+        if self.host is not None:
+            self.host.take_ops()  # demotions: the simulator moves no bytes
+        return ok
+
+    def _evict_until(self, n_bytes: int, state: bool, pick: Callable[[int], list[int]]) -> bool:
+        """Drop ``pick(bytes short)``'s victims until ``n_bytes`` fit in the pool of states
+        (``state``) or of KV; False if they run out. Asking for every page that must go at
+        once evicts what one page at a time would, in fewer calls."""
+        while self._pool_free(state) < n_bytes:
+            victims = pick(n_bytes - self._pool_free(state))
             if not victims:
                 return False
             for page in victims:
                 self._drop(page)
-        if self.host is not None:
-            self.host.take_ops()  # demotions: the simulator moves no bytes
         return True
+
+    def _pool_free(self, state: bool) -> int:
+        """Free bytes of the pool a state (``state``) or KV page takes from: the budget's,
+        without a state pool."""
+        if self.state_budget_bytes is None:
+            return self.budget_bytes - self.used_bytes
+        if state:
+            return self.state_budget_bytes - self.used_state_bytes
+        return self.budget_bytes - self.state_budget_bytes - self.used_bytes + self.used_state_bytes
 
     def _drop(self, page: int) -> None:
         """A victim leaves the pool. The index let it go when it picked it (an engine reports
         the drop with ``drop_page`` as well, which then changes nothing: skipped here)."""
         key, group = self._page_of.pop(page)
         del self._pages[group][key]
-        self.used_bytes -= self._bytes.pop(page)
+        n_bytes = self._bytes.pop(page)
+        self.used_bytes -= n_bytes
+        self.used_state_bytes -= n_bytes if group == STATE_GROUP else 0
         if group == KV_GROUP:
             self.evicted_kv_blocks += 1
         else:
@@ -375,6 +415,9 @@ class SimPool:
         assert self.used_bytes <= self.peak_bytes <= self.budget_bytes or not self.used_bytes, (
             f"P3: used {self.used_bytes} peak {self.peak_bytes} budget {self.budget_bytes}"
         )
+        states = sum(self._bytes[p] for p in self._pages[STATE_GROUP].values())
+        assert self.used_state_bytes == states, "P3: used state bytes"
+        assert self._pool_free(True) >= 0 and self._pool_free(False) >= 0, "P3: a pool over"
         index.check_integrity(self._is_free)
         if self.host is not None:
             self.host.check_integrity()

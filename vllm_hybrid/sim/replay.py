@@ -134,7 +134,7 @@ def _commit(
     b = pool.block_tokens
     wanted = set(positions)
     n_blocks = _kept_blocks(kr, kv_end_tokens)
-    pool.make_room(_new_bytes(pool, kr, m, wanted, n_blocks))  # at once, as engines allocate
+    pool.make_room(*_new_bytes(pool, kr, m, wanted, n_blocks))  # at once, as engines allocate
     for pos in sorted(p for p in wanted if p % b == 0 and 0 < p <= m.kv_tokens):
         _admit_snapshot(pool, h, m.kv_nodes[pos // b - 1], t, window)
     for i in range(len(m.kv_nodes), n_blocks):
@@ -160,10 +160,12 @@ def _kept_blocks(kr: KeyedRequest, kv_end_tokens: int | None) -> int:
     return min(len(kr.keys), max(kv_end_tokens, 0) // kr.block_tokens)
 
 
-def _new_bytes(pool: SimPool, kr: KeyedRequest, m: Match, wanted: set[int], n_blocks: int) -> int:
-    """The bytes :func:`_commit` will take: the blocks past the KV hit not cached yet (of the
-    first ``n_blocks``), the snapshots at ``wanted`` block ends not held yet, and an exact
-    end's partial block. Room for all of them is made in one go, as vLLM's
+def _new_bytes(
+    pool: SimPool, kr: KeyedRequest, m: Match, wanted: set[int], n_blocks: int
+) -> tuple[int, int]:
+    """The (KV, state) bytes :func:`_commit` will take: the blocks past the KV hit not cached
+    yet (of the first ``n_blocks``), the snapshots at ``wanted`` block ends not held yet, and
+    an exact end's partial block. Room for all of them is made in one go, as vLLM's
     ``KVCacheManager.allocate_slots`` takes a prefill's blocks in one
     ``BlockPool.get_new_blocks`` call (fewer, larger evictions; the same victims, since the
     request's own pages are held)."""
@@ -178,8 +180,9 @@ def _new_bytes(pool: SimPool, kr: KeyedRequest, m: Match, wanted: set[int], n_bl
         states += node is None or not node.has_snapshot
     end, n_bytes = kr.req.cacheable_tokens, blocks * pool.kv_bytes_per_block
     if end in wanted and end % b and kr.tail_key is not None and node_of(kr.tail_key) is None:
-        n_bytes += (end % b) * pool.kv_bytes_per_token + pool.snapshot_bytes
-    return n_bytes + states * pool.snapshot_bytes
+        n_bytes += (end % b) * pool.kv_bytes_per_token
+        states += 1
+    return n_bytes, states * pool.snapshot_bytes
 
 
 def _admit_snapshot(
@@ -342,6 +345,7 @@ def replay(
     admission: object | None = None,
     first_index: int = 0,
     waiting: Sequence[int] | None = None,
+    state_budget_bytes: int | None = None,
 ) -> RunStats:
     """Replay ``requests``; ``oracle`` (if given) records future uses for a Belady run;
     ``check_every`` > 0 runs ``check_integrity()`` every that many requests (slow);
@@ -354,7 +358,8 @@ def replay(
     ranks by ``policy`` but keeps states where vLLM's align mode does); ``first_index``: the
     first request's index (its clock), for a policy that served requests before;
     ``waiting``: per request, how many of the next requests are waiting when it is served
-    (lookahead, module docstring; None: none)."""
+    (lookahead, module docstring; None: none); ``state_budget_bytes``: that much of the
+    budget is a pool of its own for states (SGLang's Mamba pool, ``sim/pool.py``)."""
     if in_flight < 1:
         raise ValueError(f"in_flight must be >= 1, got {in_flight}")
     if not 1 <= visible_after <= in_flight:
@@ -362,6 +367,8 @@ def replay(
     pool_budget = budget_bytes - in_flight * running_bytes
     if running_bytes < 0 or pool_budget < 0:
         raise ValueError(f"running_bytes {running_bytes} x {in_flight} outside 0..budget")
+    if state_budget_bytes is not None and running_bytes:
+        raise ValueError("a state pool and running_bytes (vLLM's running pages) do not mix")
     window = _Window(in_flight, visible_after) if in_flight > 1 else None
     pool = SimPool(
         block_tokens=cost.block_tokens,
@@ -372,6 +379,7 @@ def replay(
         host_bytes=host_bytes,
         host_bandwidth=host_bandwidth,
         hold_snapshots=hold_snapshots,
+        state_budget_bytes=state_budget_bytes,
     )
     host = None if pool.host is None else pool.host.tier
     stats = RunStats(

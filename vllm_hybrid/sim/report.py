@@ -9,7 +9,7 @@ from typing import Any
 from vllm_hybrid.sim.replay import RunStats
 from vllm_hybrid.sim.runner import Results
 
-BASELINES = ("vllm", "lru-dense", "sglang", "marconi")
+BASELINES = ("vllm", "lru-dense", "sglang", "sglang-2pool", "marconi")
 GB = 1e9
 
 

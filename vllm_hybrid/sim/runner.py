@@ -4,6 +4,8 @@ The infinite-cache run comes first: it gives the bound and records, for the clai
 reference, which request uses which block and which snapshot. ``marconi`` has its alpha tuned by
 replaying the first window of the workload at the same budget (as the paper does). A host tier
 (``host_bytes`` > 0) is given to every online policy; the two references run without one.
+With ``sglang_pools`` > 0, ``sglang`` also runs with SGLang's two pools (row ``sglang-2pool``):
+a Mamba pool of ``ratio / (1 + ratio)`` of the budget, the KV pool the rest.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from vllm_hybrid.core import (
     CostModel,
     InfinitePolicy,
     MarconiPolicy,
+    pool_split_bytes,
 )
 from vllm_hybrid.sim.replay import ProgressFn, RunStats, replay
 from vllm_hybrid.sim.trace import KeyedRequest, SimRequest
 
 MARCONI_ALPHAS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+SGLANG_POOLS = "sglang-2pool"  # the row of ``sglang`` with SGLang's two pools
 UNBOUNDED_BYTES = 1 << 62
 
 
@@ -79,8 +83,10 @@ def run_all(
     progress: Callable[[str], ProgressFn | None] = lambda _: None,
     host_bytes: int = 0,
     host_bandwidth: float = 25e9,
+    sglang_pools: float = 0.0,
 ) -> Results:
-    """Infinite bound, then every policy and Belady at every budget."""
+    """Infinite bound, then every policy and Belady at every budget; ``sglang_pools``: the
+    Mamba/KV ratio of SGLang's two pools for an extra ``sglang-2pool`` row (0: none)."""
     keyed = [KeyedRequest(r, cost.block_tokens) for r in requests]
     oracle = BeladyOracle()
     inf = replay(
@@ -109,6 +115,17 @@ def run_all(
                 progress=progress(name),
                 host_bytes=host_bytes,
                 host_bandwidth=host_bandwidth,
+            )
+        if sglang_pools > 0 and "sglang" in policies:
+            row[SGLANG_POOLS] = replay(
+                keyed,
+                cost,
+                POLICIES["sglang"](cost),
+                budget,
+                progress=progress(SGLANG_POOLS),
+                host_bytes=host_bytes,
+                host_bandwidth=host_bandwidth,
+                state_budget_bytes=pool_split_bytes(budget, sglang_pools)[1],
             )
         row["belady"] = replay(
             keyed, cost, BeladyPolicy(cost, oracle), budget, progress=progress("belady")

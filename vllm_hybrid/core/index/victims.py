@@ -48,14 +48,16 @@ class VictimPicker(IndexFields):
         budget = self.snapshot_budget_pages
         return 0 if budget is None else max(0, self._n_free_state - budget)
 
-    def pick_victims(self, n_pages: int, is_free: IsFree) -> list[int]:
+    def pick_victims(self, n_pages: int, is_free: IsFree, kv_only: bool = False) -> list[int]:
         """At least ``n_pages`` free cached pages whose hashes the engine should drop now (fewer
         only if no more can go), in eviction order: every dead or duplicate page, then policy
         units until ``n_pages`` are reached (a unit may overshoot). The victims leave the mirror
         here, as if :meth:`drop_page` had been called (so later units see the trie without
         them); the engine must drop their hashes at once and report it with :meth:`drop_page`,
-        which then returns what the victim held and changes nothing else."""
-        return self._pick(n_pages, 0, is_free) if n_pages > 0 else []
+        which then returns what the victim held and changes nothing else. ``kv_only``: snapshot
+        units are passed over (they stay ranked), for a pool whose states have memory of their
+        own, so that a KV shortage frees KV (a KV unit's states go with it)."""
+        return self._pick(n_pages, 0, is_free, kv_only) if n_pages > 0 else []
 
     def pick_snapshot_victims(self, n_state_pages: int, is_free: IsFree) -> list[int]:
         """Free cached pages to drop so that at least ``n_state_pages`` free state pages stop
@@ -69,7 +71,9 @@ class VictimPicker(IndexFields):
         :meth:`pick_victims` otherwise."""
         return self._pick(0, n_state_pages, is_free) if n_state_pages > 0 else []
 
-    def _pick(self, n_pages: int, n_state_pages: int, is_free: IsFree) -> list[int]:
+    def _pick(
+        self, n_pages: int, n_state_pages: int, is_free: IsFree, kv_only: bool = False
+    ) -> list[int]:
         out: list[int] = []
         if self._victims:
             self._victims.clear()
@@ -87,7 +91,7 @@ class VictimPicker(IndexFields):
             if self._n_free_state > state_target:
                 self._pick_unranked_states(out, is_free, state_target)
         elif len(out) < n_pages:
-            self._pick_units(n_pages, out, is_free)
+            self._pick_units(n_pages, out, is_free, kv_only=kv_only)
         assert all(is_free(p) for p in out), "inv 4: a victim page is in use"
         self.stats.pages += len(out)
         return out
@@ -179,25 +183,32 @@ class VictimPicker(IndexFields):
         return out
 
     def _pick_units(
-        self, n_pages: int, out: list[int], is_free: IsFree, state_target: int | None = None
+        self,
+        n_pages: int,
+        out: list[int],
+        is_free: IsFree,
+        state_target: int | None = None,
+        kv_only: bool = False,
     ) -> None:
         """Policy units, lowest first, until ``out`` holds ``n_pages`` pages or, with
         ``state_target``, until at most that many free state pages still hold a snapshot
-        (units without a state page are then passed over and stay ranked). With a
-        :attr:`lookahead`, the units a waiting request would hit are passed over first and
-        taken, lowest first again, only if the others do not suffice."""
+        (units without a state page are then passed over and stay ranked; ``kv_only``: the
+        snapshot units are). With a :attr:`lookahead`, the units a waiting request would hit
+        are passed over first and taken, lowest first again, only if the others do not
+        suffice."""
         taken = set(out)
         wanted = self._wanted
         if wanted is None and self._lookahead is not None:
             paths = itertools.islice(self._lookahead(), self.lookahead_paths)
             wanted = self._wanted = self.wanted_keys(paths)
-        held = self._pick_loop(n_pages, out, taken, is_free, state_target, wanted or None)
+        loop = self._pick_loop
+        held = loop(n_pages, out, taken, is_free, state_target, wanted or None, kv_only)
         self.stats.wanted_units += len(held)
         for item in held:  # ranked again (an item whose entry changed meanwhile is stale)
             heapq.heappush(self._heap, item)
         if held and not self._enough(n_pages, out, state_target):
             before = self.stats.kv_units + self.stats.snapshot_units
-            self._pick_loop(n_pages, out, taken, is_free, state_target, None)
+            loop(n_pages, out, taken, is_free, state_target, None, kv_only)
             self.stats.wanted_taken += self.stats.kv_units + self.stats.snapshot_units - before
 
     def _pick_unranked_states(self, out: list[int], is_free: IsFree, state_target: int) -> None:
@@ -234,6 +245,7 @@ class VictimPicker(IndexFields):
         is_free: IsFree,
         state_target: int | None,
         wanted: set[Hashable] | None,
+        kv_only: bool = False,
     ) -> list[Item]:
         """One pass of :meth:`_pick_units`; returns the items of the units passed over because
         their key is ``wanted``, lowest first (no longer in the heap)."""
@@ -248,6 +260,8 @@ class VictimPicker(IndexFields):
             if not self._all_free(pages, is_free):
                 continue  # the mirror had missed a use: the unit waits until it is free
             if state_target is not None and item[3] == KV and not self._holds_state(pages):
+                passed.append(item)
+            elif kv_only and item[3] == SNAP:
                 passed.append(item)
             elif wanted is not None and entry.node.key in wanted:
                 held.append(item)
