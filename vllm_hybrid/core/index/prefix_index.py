@@ -146,7 +146,8 @@ class PrefixIndex(PageMap, LiveTrie, VictimPicker, IndexIntegrity):
             self._used.clear()
 
     def tick(self) -> int:
-        """Advance the logical clock (the adapter calls it once per scheduler step)."""
+        """Advance the logical clock and return it: the adapter gives each request its index
+        this way, at its first prefix lookup (the simulator's clock is the request's index)."""
         self.now += 1
         return self.now
 
