@@ -170,3 +170,24 @@ def test_engine_waiting_counts_the_later_requests_arrived_by_the_first_token() -
     assert engine_waiting([0.0, 0.0, 0.0], [5.0, 1.0, 1.0]) == [2, 1, 0]  # all at once
     assert engine_waiting([0.0, 1.0, 5.0], [2.0, 0.5, 1.0]) == [1, 0, 0]
     assert engine_waiting([], []) == []
+
+
+def test_the_prediction_lets_running_requests_release_the_states_they_passed(monkeypatch) -> None:
+    # vLLM's align mode frees a running request's state blocks once it has computed past them
+    # (MambaManager.remove_skipped_blocks), so the prediction does not hold them
+    # (replay(hold_snapshots=False)), one at a time and in flight, for every row.
+    import vllm_hybrid.bench.predict as predict
+
+    seen: list[bool] = []
+    real = predict.replay
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(kwargs.get("hold_snapshots", True))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(predict, "replay", spy)
+    a = list(range(100, 150))
+    for policy in ("stock", "flop"):
+        predict_hit_rate([_req(0, a), _req(1, a)], LAYOUT, policy)
+        predict_hit_rate([_req(0, a), _req(1, a)], LAYOUT, policy, in_flight=2)
+    assert seen == [False] * 4
