@@ -39,7 +39,7 @@ frees KV (snapshot units are passed over), each in the policy's order.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 
 from vllm_hybrid.core import (
     EvictionPolicy,
@@ -337,6 +337,14 @@ class SimPool:
 
     def _is_free(self, page: int) -> bool:
         return page not in self._refs
+
+    def set_lookahead(self, paths: Callable[[], Iterable[Sequence[Hashable]]] | None) -> None:
+        """The waiting requests' paths, whose hits the index evicts last
+        (:attr:`PrefixIndex.lookahead`, asked again after :meth:`refresh_lookahead`)."""
+        self.index.lookahead = paths
+
+    def refresh_lookahead(self) -> None:
+        self.index.refresh_lookahead()
 
     def make_room(self, n_bytes: int, state_bytes: int = 0) -> bool:
         """Free the index's victims until ``n_bytes`` of KV and ``state_bytes`` of states more

@@ -391,11 +391,11 @@ def replay(
         raise ValueError(f"waiting has {len(waiting)} counts for {len(requests)} requests")
     cursor = [0]
     if waiting:
-        pool.index.lookahead = lambda: _waiting_paths(requests, cursor[0], waiting[cursor[0]])
+        pool.set_lookahead(lambda: _waiting_paths(requests, cursor[0], waiting[cursor[0]]))
     for t, kr in enumerate(requests, start=first_index):
         if waiting:
             cursor[0] = t - first_index
-            pool.index.refresh_lookahead()
+            pool.refresh_lookahead()
         _serve(run, kr, t)
         if pool.peak_bytes > pool_budget:
             raise BudgetViolation(f"{stats.policy}: peak {pool.peak_bytes} > {pool_budget}")
