@@ -13,11 +13,13 @@ With ``in_flight=None`` that is the one-request-at-a-time replay with the whole 
 ignores what the requests in flight take: their pages, and their blocks computed in the same
 step. With ``in_flight=N`` (``bench replay`` passes the engine's mean running count,
 :func:`engine_running`, or over HTTP :func:`engine_in_flight`) the simulator keeps N requests
-in flight (``sim/replay.py``): each holds its path and blocks until N more have
-been admitted (not its snapshots: vLLM's align mode frees a running request's state blocks once
-it has computed past them, ``MambaManager.remove_skipped_blocks``, so ``hold_snapshots=False``), plus its running state and last partial block outside the cache
-(``running_bytes``: one page per group, vLLM's align mode), and what it inserted is visible
-from the next request on. Measured against the engine in
+in flight (``sim/replay.py``): each holds its path and blocks until N more have been
+admitted (not its snapshots: vLLM's align mode frees a running request's state blocks once it
+has computed past them, ``MambaManager.remove_skipped_blocks``, so ``hold_snapshots=False``),
+plus its running state and last partial block outside the cache (``running_bytes``: one page
+per group, vLLM's align mode), and what it inserted is visible from the next request on. The
+waiting requests' paths go to the index's lookahead, as the engine's scheduler passes its
+waiting queue's (:func:`engine_waiting`). Measured against the engine in
 docs/bench_replay.md. A prompt's state is kept at its last full ``hash_tokens`` boundary below
 the prompt end.
 """

@@ -250,7 +250,9 @@ def add_predictions(
             row.sim_in_flight = n
             waiting = engine_waiting([r.arrival_s for r in recs], [r.ttft_s for r in recs])
             row.sim_hit_rate = predict_hit_rate(reqs, layout, name, n, warmup, waiting)
-            row.sim_hit_rate_1 = predict_hit_rate(reqs, layout, name, warmup=warmup, waiting=waiting)
+            row.sim_hit_rate_1 = predict_hit_rate(
+                reqs, layout, name, warmup=warmup, waiting=waiting
+            )
 
 
 def run_http(args: argparse.Namespace, reqs: list[BenchRequest]) -> list[RowResult]:
