@@ -80,6 +80,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--decode-tokens", type=int, default=48, help="mean output tokens (uniform, d/2..3d/2)"
     )
     p.add_argument("--batched-tokens", type=int, default=8192, help="max_num_batched_tokens")
+    p.add_argument(
+        "--match-unit",
+        type=int,
+        default=None,
+        help="vLLM's prefix_match_unit (tokens per block hash; default: the block size)",
+    )
+    p.add_argument(
+        "--hash-algo",
+        default=None,
+        help="vLLM's prefix_caching_hash_algo (sha256 by default, xxhash, ...)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model-dir", default=None, help="model dir for the ModelConfig (tiny zamba2)")
     p.add_argument(
@@ -122,6 +133,14 @@ def vllm_config(args: argparse.Namespace) -> Any:
         max_batched_tokens=args.batched_tokens,
         async_scheduling=False,
         max_model_len=8192,
+        **{
+            key: value
+            for key, value in (
+                ("prefix_match_unit", args.match_unit),
+                ("prefix_caching_hash_algo", args.hash_algo),
+            )
+            if value is not None
+        },
     )
 
 
@@ -360,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.running} running, {args.blocks} blocks x {args.block_tokens} tokens, "
         f"1 attention + {args.mamba_groups} Mamba groups, {args.steps} timed steps "
         f"after {args.warmup} warm-up, gc {args.gc}, clock {args.clock}, "
+        f"match unit {runs[0].sched.cache_config.prefix_match_unit or args.block_tokens}, "
+        f"hash {runs[0].sched.cache_config.prefix_caching_hash_algo}, "
         f"load average {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end"
     )
     print_table(rows)

@@ -56,3 +56,13 @@ def test_bad_arguments_are_refused() -> None:
         bench_core_replay.main(["--configs", "stock,flop"])
     with pytest.raises(SystemExit, match="at least 1"):
         bench_core_replay.main(["--repeats", "0"])
+
+
+def test_bench_scheduler_passes_the_match_unit_and_hash_to_vllm(model_root: Path) -> None:
+    model = str(tiny_model_dir("zamba2", model_root))
+    bench = bench_core_replay.bench_scheduler
+    args = bench.parse_args(["--model-dir", model, "--match-unit", "16", "--hash-algo", "sha256"])
+    cache = bench.vllm_config(args).cache_config
+    assert (cache.prefix_match_unit, cache.prefix_caching_hash_algo) == (16, "sha256")
+    default = bench.vllm_config(bench.parse_args(["--model-dir", model])).cache_config
+    assert default.prefix_match_unit in (None, 128)  # vLLM's default: the block size

@@ -104,10 +104,13 @@ def build_vllm_config(
     async_scheduling: bool = True,
     hybrid: dict[str, Any] | None = None,
     max_model_len: int = 4096,
+    **cache_args: Any,
 ) -> Any:
     """A real ``VllmConfig`` from the tiny model dir (also ``benchmarks/bench_scheduler.py``'s)
     with ``num_blocks`` blocks in align mode; ``async_scheduling`` set afterwards, as a GPU
-    platform would leave it (the CPU platform's ``check_and_update_config`` turns it off)."""
+    platform would leave it (the CPU platform's ``check_and_update_config`` turns it off).
+    ``cache_args``: more ``EngineArgs`` (e.g. ``prefix_match_unit``,
+    ``prefix_caching_hash_algo``)."""
     from vllm.engine.arg_utils import EngineArgs
 
     engine_args = EngineArgs(
@@ -121,6 +124,7 @@ def build_vllm_config(
         block_size=block_tokens,
         async_scheduling=async_scheduling,
         additional_config={"vllm_hybrid": hybrid} if hybrid else {},
+        **cache_args,
     )
     config = engine_args.create_engine_config()
     config.scheduler_config.async_scheduling = async_scheduling
