@@ -73,7 +73,9 @@ def test_the_in_flight_count_is_the_one_the_simulator_runs_with() -> None:
     pool (the agent row printed 6 while the simulator ran 4)."""
     from vllm_hybrid.bench.predict import sim_in_flight
 
-    tiny = PoolLayout(16, B, 4096, 1, 3, "zamba2")  # 2 x 4 running pages leave half of 16
+    # 17 blocks: 16 usable next to vLLM's null block; 2 x 4 running pages leave half of them
+    tiny = PoolLayout(17, B, 4096, 1, 3, "zamba2")
+    assert tiny.cache_bytes() == 16 * 4096
     assert [sim_in_flight(tiny, n) for n in (0, 1, 2, 3, 16)] == [1, 1, 2, 2, 2]
     assert sim_in_flight(LAYOUT, 3) == 3
 
@@ -84,10 +86,10 @@ def test_bench_rows_store_the_count_the_simulator_ran_with() -> None:
 
     a = list(range(100, 150))
     reqs = [_req(i, a) for i in range(4)]
-    tiny = PoolLayout(16, B, 4096, 1, 3, "zamba2")
+    tiny = PoolLayout(17, B, 4096, 1, 3, "zamba2")  # 16 usable pages
     # four requests all in the engine at once (each lasts past the last arrival): mean 2.5 -> 3
     records = [RequestRecord(i, 0.1 * i, 50, 0, 4, 1.0, 9.0, [1]) for i in range(4)]
-    row = RowResult("stock", 16, 10.0, 1.0, records, layout=tiny.to_json())
+    row = RowResult("stock", 17, 10.0, 1.0, records, layout=tiny.to_json())
     add_predictions([row], reqs, 16)
     assert row.sim_in_flight == 2  # the engine's 3, capped by the 16-page pool
     assert row.sim_hit_rate == predict_hit_rate(reqs, tiny, "stock", in_flight=2)
@@ -191,3 +193,14 @@ def test_the_prediction_lets_running_requests_release_the_states_they_passed(mon
         predict_hit_rate([_req(0, a), _req(1, a)], LAYOUT, policy)
         predict_hit_rate([_req(0, a), _req(1, a)], LAYOUT, policy, in_flight=2)
     assert seen == [False] * 4
+
+
+def test_the_prediction_leaves_vllms_null_block_out() -> None:
+    # A repeat needs A's 3 KV pages and its 3-page state: 6 pages. vLLM takes one block as
+    # its null block (BlockPool.null_block), so 7 blocks hold them and 6 do not.
+    a = list(range(100, 150))
+    reqs = [_req(0, a), _req(1, a)]
+    fits = PoolLayout(7, B, 4096, 1, 3, "zamba2")
+    short = PoolLayout(6, B, 4096, 1, 3, "zamba2")
+    assert predict_hit_rate(reqs, fits, "stock") == 48 / 100
+    assert predict_hit_rate(reqs, short, "stock") == 0.0

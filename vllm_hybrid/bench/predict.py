@@ -66,6 +66,12 @@ class PoolLayout:
     def from_json(cls, obj: dict[str, Any]) -> PoolLayout:
         return cls(**obj)
 
+    def cache_bytes(self) -> int:
+        """The bytes the engine's cache can use: every block but vLLM's null block
+        (``BlockPool.__init__`` takes block 0 off the free queue as ``null_block``, the
+        placeholder of skipped and not-yet-computed blocks)."""
+        return max(self.blocks - 1, 0) * self.page_bytes
+
     def cost_model(self) -> CostModel:
         shape = load_shape(shape_name_for_model_type(self.model_type))
         kv, state = self.kv_groups * self.page_bytes, self.state_groups * self.page_bytes
@@ -152,7 +158,7 @@ def running_bytes(layout: PoolLayout) -> int:
 def sim_in_flight(layout: PoolLayout, in_flight: int) -> int:
     """The requests in flight the simulator runs with when asked for ``in_flight``: at most as
     many as leave half the pool to the cache after their running pages (at least 1)."""
-    budget = layout.blocks * layout.page_bytes
+    budget = layout.cache_bytes()
     return max(1, min(in_flight, budget // (2 * running_bytes(layout))))
 
 
@@ -179,7 +185,7 @@ def predict_hit_rate(
     cost = layout.cost_model()
     ranker = POLICIES[name](cost)
     admission = EngineAdmission(ranker, layout.block_tokens)
-    budget = layout.blocks * layout.page_bytes
+    budget = layout.cache_bytes()
     n = 1 if in_flight is None else sim_in_flight(layout, in_flight)
     run = 0 if in_flight is None else running_bytes(layout)
 
