@@ -172,6 +172,8 @@ def test_engine_waiting_counts_the_later_requests_arrived_by_the_first_token() -
     assert engine_waiting([0.0, 0.0, 0.0], [5.0, 1.0, 1.0]) == [2, 1, 0]  # all at once
     assert engine_waiting([0.0, 1.0, 5.0], [2.0, 0.5, 1.0]) == [1, 0, 0]
     assert engine_waiting([], []) == []
+    # out of order: the run stops at the first later request that had not arrived
+    assert engine_waiting([0.0, 9.0, 1.0], [2.0, 1.0, 1.0]) == [0, 1, 0]
 
 
 def test_the_prediction_lets_running_requests_release_the_states_they_passed(monkeypatch) -> None:

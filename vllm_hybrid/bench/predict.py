@@ -26,7 +26,6 @@ the prompt end.
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -135,12 +134,16 @@ def engine_waiting(arrivals_s: Sequence[float], ttfts_s: Sequence[float]) -> lis
     had arrived by its first token (its blocks were allocated, and pages evicted for them,
     before it). With every request arriving at once (``--time-scale 0``), all later ones. The
     simulator passes their paths to the index's lookahead, as the engine's scheduler passes
-    its waiting queue's (``sim/replay.py``)."""
+    its waiting queue's (``sim/replay.py``): the run of later requests, in order, up to the
+    first that had not arrived yet (the simulator takes the next ``n`` of them)."""
+    if len(arrivals_s) != len(ttfts_s):
+        raise ValueError(f"{len(arrivals_s)} arrivals for {len(ttfts_s)} first-token times")
     out = []
     for i, (a, ttft) in enumerate(zip(arrivals_s, ttfts_s, strict=True)):
-        until = a + ttft
-        n = bisect.bisect_right(arrivals_s, until, lo=i + 1) - (i + 1)
-        out.append(max(n, 0))
+        until, j = a + ttft, i + 1
+        while j < len(arrivals_s) and arrivals_s[j] <= until:
+            j += 1
+        out.append(j - i - 1)
     return out
 
 
