@@ -7,6 +7,7 @@ use; the submodules are the implementation (tests may reach into them).
   and state snapshot, what a request resumes from, which free pages go first;
 * the policies (:data:`POLICIES`, ``core/policies.py``) under their contract
   (``core/policy.py``), the cost model (:class:`CostModel`) and model shapes;
+* the router's decision across replicas (:class:`StateRouter`, ``core/router.py``);
 * the engine-side state the adapter keeps per engine: the request feed, the host tier's ledger,
   pins, cache reports, per-request cache options, metrics and settings.
 """
@@ -55,6 +56,13 @@ from vllm_hybrid.core.policy import (
     AdmitContext,
     EvictionPolicy,
     output_state_position,
+)
+from vllm_hybrid.core.router import (
+    ReplicaLoad,
+    ReplicaView,
+    RouteDecision,
+    StateRouter,
+    power_of_two,
 )
 from vllm_hybrid.core.sglang import MAMBA_FULL_MEMORY_RATIO, pool_split_bytes
 from vllm_hybrid.core.shapes import (
@@ -111,9 +119,13 @@ __all__ = [
     "PrefixIndex",
     "PrewarmRequest",
     "ProbeFn",
+    "ReplicaLoad",
+    "ReplicaView",
     "RequestFeed",
     "ReuseHistory",
+    "RouteDecision",
     "ShapeError",
+    "StateRouter",
     "VictimStats",
     "boundaries",
     "builtin_shape_names",
@@ -127,6 +139,7 @@ __all__ = [
     "output_state_position",
     "periodic_interval",
     "pool_split_bytes",
+    "power_of_two",
     "prewarm_prompt",
     "shape_name_for_model_type",
 ]
