@@ -19,9 +19,14 @@ from vllm_hybrid.core import (
     builtin_shape_names,
     load_shape,
 )
+from vllm_hybrid.sim.cluster import DEFAULT_DECODE_S, DEFAULT_THROUGHPUT, run_grid
+from vllm_hybrid.sim.cluster_report import format_table
+from vllm_hybrid.sim.cluster_report import write_json as write_cluster_json
+from vllm_hybrid.sim.cluster_report import write_plot as write_cluster_plot
 from vllm_hybrid.sim.generators import GENERATORS
 from vllm_hybrid.sim.replay import ProgressFn
 from vllm_hybrid.sim.report import format_text, write_json, write_plot
+from vllm_hybrid.sim.routers import ROUTERS, UnknownRouterError, check_routers
 from vllm_hybrid.sim.runner import UnknownPolicyError, check_policies, run_all
 from vllm_hybrid.sim.trace import SimRequest, TraceError, load_mooncake
 
@@ -43,8 +48,9 @@ def add_simulate_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--budget-gb", default="1,2,4,8", help="comma-separated budgets in GB")
     p.add_argument(
         "--policies",
-        default=",".join(POLICIES),
-        help=f"comma-separated, from: {', '.join(POLICIES)}",
+        default=None,
+        help=f"comma-separated, from: {', '.join(POLICIES)} (default: all; with --replicas: "
+        "flop, the policy each replica runs)",
     )
     p.add_argument("--block-tokens", type=int, default=64)
     p.add_argument(
@@ -77,6 +83,37 @@ def add_simulate_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--json", dest="json_out", default=None, help="write results as JSON")
     p.add_argument("--plot", default=None, help="write a PNG plot (needs matplotlib)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    c = p.add_argument_group("cluster (docs/cluster.md)")
+    c.add_argument(
+        "--replicas",
+        default=None,
+        help="comma-separated replica counts N: simulate N replicas, each with its own "
+        "--budget-gb, behind --router",
+    )
+    c.add_argument(
+        "--router",
+        default=None,
+        help=f"comma-separated, from: {', '.join(ROUTERS)} (default: all; needs --replicas)",
+    )
+    c.add_argument(
+        "--throughput-tflops",
+        type=float,
+        default=DEFAULT_THROUGHPUT / 1e12,
+        help="prefill TFLOP/s one replica sustains (default %(default)g)",
+    )
+    c.add_argument(
+        "--decode-ms-per-token",
+        type=float,
+        default=DEFAULT_DECODE_S * 1e3,
+        help="decode time per generated token of one request (default %(default)g ms)",
+    )
+    c.add_argument(
+        "--overload-wait-s",
+        type=float,
+        default=2.0,
+        help="state router: a session leaves its replica when that replica's queue is this "
+        "much longer than the shortest (default %(default)g s)",
+    )
     return p
 
 
@@ -121,9 +158,93 @@ def _progress(enabled: bool) -> Any:
     return make
 
 
+def _parse_replicas(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--replicas must be comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise ValueError(f"--replicas needs integers >= 1 (replica counts), got {text!r}")
+    return values
+
+
+def _split(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _cluster_options(args: argparse.Namespace) -> tuple[list[int], list[str]] | None:
+    """(replica counts, routers) of a cluster run, None for a single-engine run."""
+    if args.replicas is None:
+        if args.router is not None:
+            raise ValueError("--router needs --replicas N (the number of replicas to route to)")
+        return None
+    replicas = _parse_replicas(args.replicas)
+    routers = check_routers(_split(args.router)) if args.router is not None else list(ROUTERS)
+    if not args.throughput_tflops > 0:
+        raise ValueError(f"--throughput-tflops must be > 0, got {args.throughput_tflops:g}")
+    if args.decode_ms_per_token < 0:
+        raise ValueError(f"--decode-ms-per-token must be >= 0, got {args.decode_ms_per_token:g}")
+    if args.overload_wait_s < 0:
+        raise ValueError(f"--overload-wait-s must be >= 0, got {args.overload_wait_s:g}")
+    if args.host_gb or args.sglang_pools:
+        raise ValueError("--host-gb and --sglang-pools are not simulated with --replicas")
+    return replicas, routers
+
+
+def _run_cluster(
+    args: argparse.Namespace,
+    requests: list[SimRequest],
+    cost: CostModel,
+    budgets: list[int],
+    policies: list[str],
+    cluster: tuple[list[int], list[str]],
+) -> int:
+    replicas, routers = cluster
+    started = time.perf_counter()
+    show = _progress(not args.no_progress and sys.stderr.isatty())
+    rows = run_grid(
+        requests,
+        cost,
+        replicas,
+        routers,
+        policies,
+        budgets,
+        throughput_flops=args.throughput_tflops * 1e12,
+        decode_s_per_token=args.decode_ms_per_token / 1e3,
+        overload_wait_s=args.overload_wait_s,
+        seed=args.seed,
+        progress=show,
+    )
+    for budget in budgets:
+        print(
+            f"{args.trace}, {cost.shape.name}, {budget / 1e9:g} GB per replica, "
+            f"{args.throughput_tflops:g} TFLOP/s, {args.decode_ms_per_token:g} ms/token"
+        )
+        print(format_table([r for r in rows if r.budget_bytes == budget]))
+    print(f"({len(requests)} requests, {time.perf_counter() - started:.1f}s)")
+    meta = {
+        "workload": args.trace,
+        "shape": cost.shape.name,
+        "block_tokens": cost.block_tokens,
+        "throughput_flops": args.throughput_tflops * 1e12,
+        "decode_s_per_token": args.decode_ms_per_token / 1e3,
+    }
+    if args.json_out:
+        write_cluster_json(rows, args.json_out, **meta)
+    if args.plot:
+        try:
+            write_cluster_plot(rows, args.plot, f"{args.trace}, {cost.shape.name}")
+        except RuntimeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    return 0
+
+
 def run_simulate(args: argparse.Namespace) -> int:
     try:
-        policies = check_policies([p.strip() for p in args.policies.split(",") if p.strip()])
+        cluster = _cluster_options(args)
+        default = "flop" if cluster is not None else ",".join(POLICIES)
+        policies = check_policies(_split(args.policies if args.policies is not None else default))
         budgets = _parse_budgets(args.budget_gb)
         if args.block_tokens <= 0:
             raise ValueError("--block-tokens must be positive")
@@ -137,12 +258,14 @@ def run_simulate(args: argparse.Namespace) -> int:
             load_shape(args.model), args.block_tokens, int8_snapshots=args.int8_snapshots
         )
         requests = _load_requests(args.trace, args.limit, args.seed)
-    except (UnknownPolicyError, ShapeError, TraceError, ValueError) as exc:
+    except (UnknownPolicyError, UnknownRouterError, ShapeError, TraceError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if not requests:
         print("error: the workload has no requests", file=sys.stderr)
         return 2
+    if cluster is not None:
+        return _run_cluster(args, requests, cost, budgets, policies, cluster)
     started = time.perf_counter()
     show = _progress(not args.no_progress and sys.stderr.isatty())
     res = run_all(
