@@ -88,6 +88,8 @@ class ClusterStats:
     peak_bytes: list[int] = field(default_factory=list)
     session_requests: int = 0
     decisions: dict[str, int] = field(default_factory=dict)
+    #: the replica of each request, in arrival order (tests check where sessions went)
+    assignments: list[int] = field(default_factory=list, repr=False)
     seconds: float = 0.0
 
     @property
@@ -269,6 +271,7 @@ def run_cluster(
         hit, ttft = reps[r].serve(kr, t, now)
         router.routed(prompt_keys, req.prompt_tokens, r)
         counts[r] += 1
+        stats.assignments.append(r)
         stats.requests += 1
         stats.prompt_tokens += req.prompt_tokens
         stats.hit_tokens += hit
