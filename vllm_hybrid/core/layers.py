@@ -16,35 +16,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
-class _ZeroByDefault:
-    """Layer kinds contribute nothing to a term unless they override it."""
-
-    @property
-    def pair_flops(self) -> int:
-        return 0
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return 0
-
-    @property
-    def state_bytes(self) -> int:
-        return 0
-
-    @property
-    def state_bytes_int8(self) -> int:
-        return 0
-
-
-#: Bytes of one fp32 scale of an int8 snapshot (csrc/cpu/snapshot_int8.cpp: one per index of
-#: dim 1 of a state, i.e. per head of a Mamba2 SSM state, per channel of a Mamba1 one).
-INT8_SCALE_BYTES = 4
+from vllm_hybrid.core.layer_base import INT8_SCALE_BYTES, ZeroByDefault
+from vllm_hybrid.core.linear_attn import GatedDeltaNetLayers, KimiDeltaLayers, ShortConvLayers
 
 
 @dataclass(frozen=True)
-class AttentionLayers(_ZeroByDefault):
-    """Softmax attention with GQA: ``n_heads`` query heads share ``n_kv_heads`` KV heads."""
+class AttentionLayers(ZeroByDefault):
+    """Softmax attention with GQA: ``n_heads`` query heads share ``n_kv_heads`` KV heads.
+
+    ``q_gate``: the query projection also produces a sigmoid gate on the attention output
+    (Qwen3-Next / Qwen3.5 ``attn_output_gate``), doubling its width."""
 
     count: int
     n_heads: int
@@ -53,13 +34,17 @@ class AttentionLayers(_ZeroByDefault):
     d_in: int
     d_out: int
     kv_dtype_bytes: int = 2
+    q_gate: bool = False
 
     @property
     def linear_flops_per_token(self) -> int:
         q_width = self.n_heads * self.head_dim
         kv_width = self.n_kv_heads * self.head_dim
-        per_layer = 2 * self.d_in * q_width + 2 * self.d_in * 2 * kv_width
+        q_proj_width = 2 * q_width if self.q_gate else q_width
+        per_layer = 2 * self.d_in * q_proj_width + 2 * self.d_in * 2 * kv_width
         per_layer += 2 * q_width * self.d_out
+        if self.q_gate:
+            per_layer += q_width  # gate * attention output
         return self.count * per_layer
 
     @property
@@ -73,7 +58,47 @@ class AttentionLayers(_ZeroByDefault):
 
 
 @dataclass(frozen=True)
-class Mamba2Layers(_ZeroByDefault):
+class MLALayers(ZeroByDefault):
+    """Multi-head latent attention (DeepSeek-V2 style; Kimi-Linear's full-attention layers).
+
+    The cache holds the compressed ``kv_lora_rank`` latent plus the shared rope key per token
+    (vLLM's MLA spec); prefill up-projects the latent to per-head keys and values."""
+
+    count: int
+    d_model: int
+    n_heads: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int = 0
+    kv_dtype_bytes: int = 2
+
+    @property
+    def linear_flops_per_token(self) -> int:
+        qk = self.n_heads * (self.qk_nope_head_dim + self.qk_rope_head_dim)
+        if self.q_lora_rank:
+            per_layer = 2 * self.d_model * self.q_lora_rank + 2 * self.q_lora_rank * qk
+        else:
+            per_layer = 2 * self.d_model * qk
+        per_layer += 2 * self.d_model * (self.kv_lora_rank + self.qk_rope_head_dim)  # kv_a
+        kv_b_width = self.n_heads * (self.qk_nope_head_dim + self.v_head_dim)
+        per_layer += 2 * self.kv_lora_rank * kv_b_width  # kv_b
+        per_layer += 2 * self.n_heads * self.v_head_dim * self.d_model  # o_proj
+        return self.count * per_layer
+
+    @property
+    def pair_flops(self) -> int:
+        qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+        return self.count * 2 * self.n_heads * (qk + self.v_head_dim)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.count * (self.kv_lora_rank + self.qk_rope_head_dim) * self.kv_dtype_bytes
+
+
+@dataclass(frozen=True)
+class Mamba2Layers(ZeroByDefault):
     """Mamba2 (SSD) mixer: ``d_inner = n_heads * head_dim``, B and C shared per group."""
 
     count: int
@@ -84,6 +109,9 @@ class Mamba2Layers(_ZeroByDefault):
     n_heads: int
     conv_kernel: int = 4
     state_dtype_bytes: int = 2
+    #: Bytes of an SSM-state element when it differs from the conv state's (vLLM's
+    #: ``mamba_ssm_cache_dtype``, ``MambaStateDtypeCalculator._mamba_state_dtype``); 0: same.
+    ssm_dtype_bytes: int = 0
 
     @property
     def conv_dim(self) -> int:
@@ -101,9 +129,11 @@ class Mamba2Layers(_ZeroByDefault):
 
     @property
     def state_bytes(self) -> int:
-        ssm = self.d_inner * self.d_state
-        conv = (self.conv_kernel - 1) * self.conv_dim
-        return self.count * (ssm + conv) * self.state_dtype_bytes
+        # vLLM's mamba2_state_shape (mamba_utils.py): conv (K - 1, conv_dim) and SSM
+        # (n_heads, head_dim, d_state) = d_inner * d_state elements.
+        ssm = self.d_inner * self.d_state * (self.ssm_dtype_bytes or self.state_dtype_bytes)
+        conv = (self.conv_kernel - 1) * self.conv_dim * self.state_dtype_bytes
+        return self.count * (ssm + conv)
 
     @property
     def state_bytes_int8(self) -> int:
@@ -116,7 +146,7 @@ class Mamba2Layers(_ZeroByDefault):
 
 
 @dataclass(frozen=True)
-class Mamba1Layers(_ZeroByDefault):
+class Mamba1Layers(ZeroByDefault):
     """Mamba (S6) mixer with a per-channel, per-state input-dependent decay."""
 
     count: int
@@ -140,6 +170,7 @@ class Mamba1Layers(_ZeroByDefault):
 
     @property
     def state_bytes(self) -> int:
+        # vLLM's mamba1_state_shape (mamba_utils.py): conv (K - 1, d_inner), SSM (d_inner, N).
         ssm = self.d_inner * self.d_state
         conv = (self.conv_kernel - 1) * self.d_inner
         return self.count * (ssm + conv) * self.state_dtype_bytes
@@ -153,7 +184,7 @@ class Mamba1Layers(_ZeroByDefault):
 
 
 @dataclass(frozen=True)
-class MLPLayers(_ZeroByDefault):
+class MLPLayers(ZeroByDefault):
     """Dense MLP; ``gated`` (SwiGLU/GeGLU) has three matrices, plain (relu^2, gelu) two."""
 
     count: int
@@ -168,7 +199,7 @@ class MLPLayers(_ZeroByDefault):
 
 
 @dataclass(frozen=True)
-class MoELayers(_ZeroByDefault):
+class MoELayers(ZeroByDefault):
     """Mixture of experts: a router, ``n_active`` routed experts and optional shared experts."""
 
     count: int
@@ -189,7 +220,7 @@ class MoELayers(_ZeroByDefault):
 
 
 @dataclass(frozen=True)
-class LinearLayers(_ZeroByDefault):
+class LinearLayers(ZeroByDefault):
     """Plain projections outside the blocks above (e.g. Zamba2's per-invocation output linear)."""
 
     count: int
@@ -201,13 +232,28 @@ class LinearLayers(_ZeroByDefault):
         return self.count * 2 * self.d_in * self.d_out
 
 
-LayerGroup = AttentionLayers | Mamba2Layers | Mamba1Layers | MLPLayers | MoELayers | LinearLayers
+LayerGroup = (
+    AttentionLayers
+    | MLALayers
+    | Mamba2Layers
+    | Mamba1Layers
+    | GatedDeltaNetLayers
+    | KimiDeltaLayers
+    | ShortConvLayers
+    | MLPLayers
+    | MoELayers
+    | LinearLayers
+)
 
 #: JSON ``"kind"`` -> layer group class.
 LAYER_KINDS: dict[str, type[LayerGroup]] = {
     "attention": AttentionLayers,
+    "mla": MLALayers,
     "mamba2": Mamba2Layers,
     "mamba1": Mamba1Layers,
+    "gdn": GatedDeltaNetLayers,
+    "kda": KimiDeltaLayers,
+    "short_conv": ShortConvLayers,
     "mlp": MLPLayers,
     "moe": MoELayers,
     "linear": LinearLayers,
