@@ -2,17 +2,24 @@
 
 A shape is only what the cost model needs (no weights, no tokenizer). The JSON schema::
 
-    {"name": "zamba2-7b", "source": "...", "_note": "...",
+    {"name": "zamba2-7b", "source": "...",
      "layers": [{"kind": "mamba2", "count": 81, "d_model": 3584, ...}, ...]}
 
 ``kind`` is a key of :data:`vllm_hybrid.core.layers.LAYER_KINDS`; the other keys are the fields of
-that layer group. Keys starting with ``_`` are comments and are ignored.
+that layer group. Keys starting with ``_`` are comments and are ignored. The shipped files are
+generated from the checkpoints' ``config.json`` by ``tools/gen_shapes.py`` through
+:func:`vllm_hybrid.core.shape_config.shape_from_hf_config`.
+
+:func:`load_shape` resolves a name the way ``vllm-hybrid simulate --model`` takes it: a shipped
+shape name, a path to a shape JSON or to an HF ``config.json``, or an HF ``model_type`` whose
+``transformers`` config-class defaults (dumped to ``shapes/_model_type_defaults.json`` by the
+generator, so no ``transformers`` is needed here) describe the family's flagship checkpoint.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
@@ -57,6 +64,12 @@ class ModelShape:
     def pair_flops(self) -> int:
         return sum(g.pair_flops for g in self.layers)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON schema above (what :func:`shape_from_dict` reads back)."""
+        kinds = {cls: kind for kind, cls in LAYER_KINDS.items()}
+        layers = [{"kind": kinds[type(g)], **asdict(g)} for g in self.layers]
+        return {"name": self.name, "source": self.source, "layers": layers}
+
 
 def _layer_from_dict(entry: dict[str, Any], where: str) -> LayerGroup:
     kind = entry.get("kind")
@@ -86,32 +99,74 @@ def shape_from_dict(data: dict[str, Any], where: str = "shape") -> ModelShape:
     return ModelShape(name=data["name"], layers=layers, source=str(data.get("source", "")))
 
 
+#: Generated file holding each known ``model_type``'s config-class defaults.
+MODEL_TYPE_DEFAULTS = "_model_type_defaults.json"
+
+
 def builtin_shape_names() -> list[str]:
-    """Names of the shapes shipped in ``vllm_hybrid/shapes/``."""
+    """Names of the shapes shipped in ``vllm_hybrid/shapes/`` (files starting ``_`` are data)."""
     folder = resources.files("vllm_hybrid").joinpath("shapes")
-    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json"))
+    return sorted(
+        p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json") and p.name[0] != "_"
+    )
 
 
-def load_shape(name_or_path: str) -> ModelShape:
-    """Load a shipped shape by name (``zamba2-7b``) or any JSON file by path."""
-    path = Path(name_or_path)
-    if name_or_path.endswith(".json") or path.is_file():
-        if not path.is_file():
-            raise ShapeError(f"shape file not found: {name_or_path}")
-        text, where = path.read_text(), str(path)
-    else:
-        names = builtin_shape_names()
-        if name_or_path not in names:
-            raise ShapeError(f"unknown model shape {name_or_path!r}; known: {', '.join(names)}")
-        res = resources.files("vllm_hybrid").joinpath("shapes", f"{name_or_path}.json")
-        text, where = res.read_text(), f"shapes/{name_or_path}.json"
+def model_type_defaults() -> dict[str, dict[str, Any]]:
+    """``model_type`` -> its ``transformers`` config-class defaults as a config.json dict."""
+    res = resources.files("vllm_hybrid").joinpath("shapes", MODEL_TYPE_DEFAULTS)
+    if not res.is_file():
+        return {}
+    data = json.loads(res.read_text())
+    return {k: v for k, v in data.items() if not k.startswith("_") and isinstance(v, dict)}
+
+
+def _read_json(text: str, where: str) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ShapeError(f"{where}: invalid JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise ShapeError(f"{where}: top level must be an object")
+    return data
+
+
+def _from_any_dict(data: dict[str, Any], name: str, where: str, source: str) -> ModelShape:
+    # A shape JSON has "layers"; an HF config.json has "model_type" instead.
+    if "layers" not in data and "model_type" in data:
+        from vllm_hybrid.core.shape_config import shape_from_hf_config  # imports this module
+
+        return shape_from_hf_config(data, name=name, source=source, where=where)
     return shape_from_dict(data, where)
+
+
+def load_shape(name_or_path: str) -> ModelShape:
+    """Load a shipped shape by name (``zamba2-7b``), a shape JSON or HF ``config.json`` by
+    path, or an HF ``model_type`` (``qwen3_next``) from its config-class defaults."""
+    path = Path(name_or_path)
+    if name_or_path.endswith(".json") or path.is_file():
+        if not path.is_file():
+            raise ShapeError(f"shape file not found: {name_or_path}")
+        data = _read_json(path.read_text(), str(path))
+        stem = path.parent.name if path.name == "config.json" else path.stem
+        return _from_any_dict(data, stem or path.name, str(path), f"{path} (config.json)")
+    names = builtin_shape_names()
+    if name_or_path in names:
+        res = resources.files("vllm_hybrid").joinpath("shapes", f"{name_or_path}.json")
+        where = f"shapes/{name_or_path}.json"
+        return shape_from_dict(_read_json(res.read_text(), where), where)
+    defaults = model_type_defaults()
+    if name_or_path in defaults:
+        return _from_any_dict(
+            defaults[name_or_path],
+            name_or_path,
+            f"{MODEL_TYPE_DEFAULTS}[{name_or_path!r}]",
+            f"transformers config-class defaults of model_type {name_or_path!r}",
+        )
+    raise ShapeError(
+        f"unknown model shape {name_or_path!r}; known: {', '.join(names)}; or a model_type "
+        f"({', '.join(sorted(defaults))}); or a path to a shape JSON or an HF config.json "
+        "(tools/gen_shapes.py --dump-config MODEL_TYPE writes one from transformers)"
+    )
 
 
 #: The shipped shape whose FLOPs stand in for a model of each HF ``model_type`` (``auto``).
@@ -121,6 +176,15 @@ SHAPE_BY_MODEL_TYPE = {
     "granitemoehybrid": "granite-4.0-h-small",
     "falcon_h1": "falcon-h1-7b",
     "jamba": "jamba-1.5-mini",
+    "qwen3_next": "qwen3-next-80b-a3b",
+    "qwen3_5": "qwen3.5-9b",
+    "qwen3_5_text": "qwen3.5-9b",
+    "qwen3_5_moe": "qwen3.5-35b-a3b",
+    "qwen3_5_moe_text": "qwen3.5-35b-a3b",
+    "lfm2": "lfm2-1.2b",
+    "lfm2_moe": "lfm2-8b-a1b",
+    "olmo_hybrid": "olmo-hybrid-7b",
+    "kimi_linear": "kimi-linear-48b-a3b",
 }
 DEFAULT_SHAPE = "zamba2-2.7b"
 
