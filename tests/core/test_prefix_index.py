@@ -186,6 +186,23 @@ def test_touch_counts_hits_once_per_key_and_kind() -> None:
     assert (node.hits, node.snap_hits, node.last_access, node.snap_access) == (1, 1, 1, 1)
 
 
+def test_the_same_pair_again_changes_nothing() -> None:
+    """vLLM re-registers a prompt tail's partial entry at every step of a running request: the
+    index must treat it as the no-op it is (no new link, no re-ranking, no fresh access)."""
+    mirror = make()
+    pool = Pool(mirror)
+    pages = pool.cache("ab", snap_at={2})
+    mirror.tick()
+    node = mirror._entries["ab"].node
+    before = (node.last_access, node.snap_access, node.version, len(mirror._dirty))
+    assert mirror.holds_key(pages["ab", S1], "ab", S1)
+    assert not mirror.holds_key(pages["ab", S1], "ab", S2)
+    assert mirror.add(pages["ab", S1], "ab", S1, 2 * B, "a") is False
+    mirror.check_integrity()
+    assert (node.last_access, node.snap_access, node.version, len(mirror._dirty)) == before
+    assert mirror.keys_of(pages["ab", S1]) == {("ab", S1)}
+
+
 def test_integrity_catches_a_broken_inverse_map() -> None:
     mirror = make()
     Pool(mirror).cache("a")

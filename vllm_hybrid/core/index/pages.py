@@ -37,6 +37,11 @@ class PageMap(IndexFields):
             raise ValueError(f"group {group} is neither a KV nor a state group")
         if self._victims:
             self._victims.pop(page, None)
+        if self.holds_key(page, key, group):
+            # The same pair again: vLLM re-registers a prompt tail's partial entry at every
+            # step of a running request (BlockPool.cache_partial_block inserts even when
+            # already_cached). Nothing changed, and the page is in use, so it is not ranked.
+            return False
         entry = self._entries.get(key)
         if entry is None:
             entry = self._new_entry(key, end_tokens, parent_key)
@@ -172,6 +177,11 @@ class PageMap(IndexFields):
 
     def holds(self, page: int) -> bool:
         return page in self._page_keys
+
+    def holds_key(self, page: int, key: Hashable, group: int) -> bool:
+        """Whether ``page`` is cached under ``(key, group)``."""
+        held = self._page_keys.get(page)
+        return held is not None and (key, group) in held
 
     def cached_pages(self) -> list[int]:
         return list(self._page_keys)

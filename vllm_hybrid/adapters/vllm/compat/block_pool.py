@@ -5,9 +5,14 @@ helpers an eviction needs; and the class swap that installs a subclass on vLLM's
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from vllm.v1.core.block_pool import BlockPool
-from vllm.v1.core.kv_cache_utils import BlockHashWithGroupId, KVCacheBlock
+from vllm.v1.core.kv_cache_utils import (
+    BlockHashWithGroupId,
+    KVCacheBlock,
+    make_block_hash_with_group_id,
+)
 
 from vllm_hybrid.adapters.vllm.version import check_vllm_version
 
@@ -42,6 +47,33 @@ class HookedBlockPool(BlockPool):
         removed = super()._remove_cached_block_hashes(block)
         self.on_hashes_removed(block, removed)
         return removed
+
+    def cache_partial_block(
+        self,
+        request: Any,
+        block: KVCacheBlock,
+        num_tokens: int,
+        kv_cache_group_id: int,
+        block_size: int,
+        replace_existing_hashes: bool = False,
+    ) -> BlockHashWithGroupId | None:
+        """vLLM's, minus its no-op: with a prefix match unit below the block,
+        ``FullAttentionManager._cache_partial_tail_block`` re-registers the prompt tail's entry
+        at every step of every running request. When ``block`` already holds the key and
+        nothing is replaced, vLLM's call inserts nothing (``_insert_block_hash`` returns on a
+        held key) and emits nothing (``already_cached``), so it is skipped here with the same
+        return value, and the hooks do not hear of it."""
+        if not replace_existing_hashes and not block.is_null:
+            key = make_block_hash_with_group_id(
+                request.block_hashes[num_tokens // self.hash_block_size - 1], kv_cache_group_id
+            )
+            if block.block_hash == key or self.cached_block_hash_to_block.contain(
+                key, block.block_id
+            ):
+                return key
+        return super().cache_partial_block(
+            request, block, num_tokens, kv_cache_group_id, block_size, replace_existing_hashes
+        )
 
 
 def swap_pool_class(pool: BlockPool, cls: type[HookedBlockPool]) -> bool:
