@@ -35,13 +35,6 @@ from vllm_hybrid.core import ModelShape, load_shape  # noqa: E402
 SHAPES = ROOT / "vllm_hybrid" / "shapes"
 DEFAULTS_FILE = SHAPES / "_model_type_defaults.json"
 
-#: model_type whose config-class defaults are dumped for ``load_shape(model_type)``.
-MODEL_TYPES = (
-    "zamba2", "nemotron_h", "granitemoehybrid", "falcon_h1", "bamba", "jamba", "qwen3_next",
-    "qwen3_5", "qwen3_5_moe", "olmo_hybrid", "lfm2", "lfm2_moe", "kimi_linear",
-)
-
-
 def _zamba2_7b_blocks() -> list[str]:
     # Zyphra/Zamba2-7B: a shared-attention ("hybrid") layer at 6, 11, then every 6th; 81 layers.
     blocks = ["mamba"] * 6 + ["hybrid"] + ["mamba"] * 4 + ["hybrid"]
@@ -141,6 +134,12 @@ SOURCES = {
     "kimi-linear-48b-a3b": "moonshotai/Kimi-Linear-48B-A3B (= transformers KimiLinearConfig "
     "defaults)",
 }
+
+
+#: model_types whose config-class defaults are dumped for ``load_shape(model_type)``: only
+#: those whose defaults are a real checkpoint (the others' model_type names their shipped shape,
+#: ``SHAPE_BY_MODEL_TYPE`` in core/shapes.py).
+MODEL_TYPES = tuple(sorted(set(FROM_DEFAULTS.values())))
 
 
 def dump_defaults(model_type: str) -> dict[str, Any]:

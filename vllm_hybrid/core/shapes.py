@@ -13,7 +13,9 @@ generated from the checkpoints' ``config.json`` by ``tools/gen_shapes.py`` throu
 :func:`load_shape` resolves a name the way ``vllm-hybrid simulate --model`` takes it: a shipped
 shape name, a path to a shape JSON or to an HF ``config.json``, or an HF ``model_type`` whose
 ``transformers`` config-class defaults (dumped to ``shapes/_model_type_defaults.json`` by the
-generator, so no ``transformers`` is needed here) describe the family's flagship checkpoint.
+generator, so no ``transformers`` is needed here) describe the family's flagship checkpoint;
+a ``model_type`` whose defaults are no real checkpoint (``lfm2``, ``nemotron_h``, ...) names
+the shipped shape of its flagship (:data:`SHAPE_BY_MODEL_TYPE`).
 """
 
 from __future__ import annotations
@@ -162,9 +164,11 @@ def load_shape(name_or_path: str) -> ModelShape:
             f"{MODEL_TYPE_DEFAULTS}[{name_or_path!r}]",
             f"transformers config-class defaults of model_type {name_or_path!r}",
         )
+    if name_or_path in SHAPE_BY_MODEL_TYPE:  # defaults that are no checkpoint: the flagship's
+        return load_shape(SHAPE_BY_MODEL_TYPE[name_or_path])
     raise ShapeError(
         f"unknown model shape {name_or_path!r}; known: {', '.join(names)}; or a model_type "
-        f"({', '.join(sorted(defaults))}); or a path to a shape JSON or an HF config.json "
+        f"({', '.join(sorted(set(defaults) | set(SHAPE_BY_MODEL_TYPE)))}); or a path to a shape JSON or an HF config.json "
         "(tools/gen_shapes.py --dump-config MODEL_TYPE writes one from transformers)"
     )
 
