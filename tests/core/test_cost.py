@@ -88,6 +88,14 @@ def test_all_builtin_shapes_load() -> None:
         "granite-4.0-h-small",
         "falcon-h1-7b",
         "marconi-7b",
+        "granite-4.0-h-tiny",
+        "qwen3.5-9b",
+        "qwen3.5-35b-a3b",
+        "qwen3-next-80b-a3b",
+        "lfm2-1.2b",
+        "lfm2-8b-a1b",
+        "olmo-hybrid-7b",
+        "kimi-linear-48b-a3b",
     ):
         assert want in names
     for n in names:

@@ -166,9 +166,10 @@ def load_shape(name_or_path: str) -> ModelShape:
         )
     if name_or_path in SHAPE_BY_MODEL_TYPE:  # defaults that are no checkpoint: the flagship's
         return load_shape(SHAPE_BY_MODEL_TYPE[name_or_path])
+    types = ", ".join(sorted(set(defaults) | set(SHAPE_BY_MODEL_TYPE)))
     raise ShapeError(
         f"unknown model shape {name_or_path!r}; known: {', '.join(names)}; or a model_type "
-        f"({', '.join(sorted(set(defaults) | set(SHAPE_BY_MODEL_TYPE)))}); or a path to a shape JSON or an HF config.json "
+        f"({types}); or a path to a shape JSON or an HF config.json "
         "(tools/gen_shapes.py --dump-config MODEL_TYPE writes one from transformers)"
     )
 
