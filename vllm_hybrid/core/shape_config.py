@@ -31,14 +31,20 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
 
+from vllm_hybrid.core.config_reader import (
+    Config,
+    ConfigReader,
+    attention,
+    keep,
+    layout,
+    mamba2,
+)
 from vllm_hybrid.core.layers import (
     AttentionLayers,
     LayerGroup,
     LinearLayers,
     Mamba1Layers,
-    Mamba2Layers,
     MLALayers,
     MLPLayers,
     MoELayers,
@@ -46,104 +52,13 @@ from vllm_hybrid.core.layers import (
 from vllm_hybrid.core.linear_attn import GatedDeltaNetLayers, KimiDeltaLayers, ShortConvLayers
 from vllm_hybrid.core.shapes import ModelShape, ShapeError
 
-Config = dict[str, Any]
-_DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "float16": 2, "bf16": 2, "fp16": 2}
 
-
-class _Reader:
-    """Typed access to one config dict; a missing or mistyped key is a :class:`ShapeError`."""
-
-    def __init__(self, cfg: Config, where: str) -> None:
-        self.cfg = cfg
-        self.where = where
-
-    def num(self, key: str, default: int | None = None) -> int:
-        value = self.cfg.get(key, default)
-        if value is None:
-            raise ShapeError(
-                f"{self.where}: config has no {key!r} (model_type "
-                f"{self.cfg.get('model_type')!r}); add it to the config.json"
-            )
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ShapeError(f"{self.where}: {key!r} must be a non-negative integer, got {value!r}")
-        return value
-
-    def opt_num(self, key: str, default: int = 0) -> int:
-        return default if self.cfg.get(key) is None else self.num(key)
-
-    def seq(self, key: str) -> list[Any] | None:
-        value = self.cfg.get(key)
-        if value is None:
-            return None
-        if not isinstance(value, list):
-            raise ShapeError(f"{self.where}: {key!r} must be a list, got {type(value).__name__}")
-        return value
-
-    def dtype_bytes(self, key: str, default: int) -> int:
-        value = self.cfg.get(key)
-        if value in (None, "auto"):
-            return default
-        if value not in _DTYPE_BYTES:
-            raise ShapeError(f"{self.where}: unknown dtype {value!r} for {key!r}")
-        return _DTYPE_BYTES[value]
-
-
-def _layout(r: _Reader, key: str, aliases: dict[str, str]) -> list[str]:
-    """The per-layer kinds of list ``key``, each mapped through ``aliases``."""
-    raw = r.seq(key)
-    if raw is None:
-        raise ShapeError(f"{r.where}: config has no {key!r} list of layer kinds")
-    n = r.opt_num("num_hidden_layers", len(raw))
-    if len(raw) != n:
-        raise ShapeError(f"{r.where}: {key!r} has {len(raw)} entries, num_hidden_layers is {n}")
-    out = []
-    for i, kind in enumerate(raw):
-        if kind not in aliases:
-            raise ShapeError(
-                f"{r.where}: {key}[{i}] is {kind!r}; known: {', '.join(sorted(aliases))}"
-            )
-        out.append(aliases[kind])
-    return out
-
-
-def _attention(r: _Reader, count: int, d_in: int | None = None, **extra: Any) -> AttentionLayers:
-    d_model = r.num("hidden_size")
-    heads = r.num("num_attention_heads")
-    head_dim = r.opt_num("head_dim", 0) or r.opt_num("attention_head_dim", 0) or d_model // heads
-    return AttentionLayers(
-        count=count,
-        n_heads=heads,
-        n_kv_heads=r.opt_num("num_key_value_heads", heads),
-        head_dim=head_dim,
-        d_in=d_in or d_model,
-        d_out=d_model,
-        **extra,
-    )
-
-
-def _mamba2(r: _Reader, count: int, n_heads: int, head_dim: int, **keys: str) -> Mamba2Layers:
-    return Mamba2Layers(
-        count=count,
-        d_model=r.num("hidden_size"),
-        d_inner=n_heads * head_dim,
-        d_state=r.num(keys["d_state"]),
-        n_groups=r.num(keys["n_groups"], 1),
-        n_heads=n_heads,
-        conv_kernel=r.num(keys["conv"], 4),
-        state_dtype_bytes=2,
-    )
-
-
-def _keep(groups: list[LayerGroup]) -> list[LayerGroup]:
-    return [g for g in groups if g.count > 0]
-
-
-def _zamba2(r: _Reader) -> list[LayerGroup]:
+def _zamba2(r: ConfigReader) -> list[LayerGroup]:
     n = r.num("num_hidden_layers")
     ids = r.seq("hybrid_layer_ids")
     if r.seq("layers_block_type") is not None:
         aliases = {"mamba": "m", "linear_attention": "m", "hybrid": "h"}
-        kinds = _layout(r, "layers_block_type", aliases)
+        kinds = layout(r, "layers_block_type", aliases)
         n_hybrid = kinds.count("h")
     elif ids is not None:
         n_hybrid = len(ids)
@@ -155,8 +70,8 @@ def _zamba2(r: _Reader) -> list[LayerGroup]:
     att_width = r.opt_num("attention_hidden_size", 2 * d)
     # Every layer has a Mamba2 mixer; a hybrid layer adds an invocation of a shared
     # transformer block (own KV) that reads concat(hidden, embeddings) = 2 d_model.
-    return _keep([
-        _mamba2(r, n, d_inner // r.num("mamba_headdim", 64), r.num("mamba_headdim", 64),
+    return keep([
+        mamba2(r, n, d_inner // r.num("mamba_headdim", 64), r.num("mamba_headdim", 64),
                 d_state="mamba_d_state", n_groups="mamba_ngroups", conv="mamba_d_conv"),
         AttentionLayers(n_hybrid, heads, r.opt_num("num_key_value_heads", heads),
                         r.opt_num("attention_head_dim", att_width // heads), att_width, d),
@@ -165,38 +80,38 @@ def _zamba2(r: _Reader) -> list[LayerGroup]:
     ])
 
 
-def _nemotron_h(r: _Reader) -> list[LayerGroup]:
+def _nemotron_h(r: ConfigReader) -> list[LayerGroup]:
     pattern = r.cfg.get("hybrid_override_pattern")
     aliases = {"M": "m", "*": "a", "-": "f", "E": "e", "mamba": "m", "linear_attention": "m",
                "attention": "a", "full_attention": "a", "mlp": "f", "moe": "e"}
     if isinstance(pattern, str):
         cfg = {**r.cfg, "_pattern": list(pattern), "num_hidden_layers": len(pattern)}
-        r = _Reader(cfg, r.where)
-        kinds = _layout(r, "_pattern", aliases)
+        r = ConfigReader(cfg, r.where)
+        kinds = layout(r, "_pattern", aliases)
     else:
         key = "layers_block_type" if "layers_block_type" in r.cfg else "layer_types"
-        kinds = _layout(r, key, aliases)
+        kinds = layout(r, key, aliases)
     c = Counter(kinds)
     d = r.num("hidden_size")
     n_experts = r.opt_num("n_routed_experts")
-    m2 = _mamba2(r, c["m"], r.num("mamba_num_heads"), r.num("mamba_head_dim"),
+    m2 = mamba2(r, c["m"], r.num("mamba_num_heads"), r.num("mamba_head_dim"),
                  d_state="ssm_state_size", n_groups="n_groups", conv="conv_kernel")
     # vLLM keeps NemotronH's SSM state in mamba_ssm_cache_dtype, float32 when unset.
     ssm_bytes = r.dtype_bytes("mamba_ssm_cache_dtype", 4)
     groups: list[LayerGroup] = [
         dataclasses.replace(m2, ssm_dtype_bytes=ssm_bytes),
-        _attention(r, c["a"]),
+        attention(r, c["a"]),
         MLPLayers(c["f"], d, r.num("intermediate_size"), gated=False),
     ]
     if c["e"]:
         shared = r.opt_num("n_shared_experts") * r.opt_num("moe_shared_expert_intermediate_size")
         groups.append(MoELayers(c["e"], d, r.num("moe_intermediate_size"), n_experts,
                                 r.num("num_experts_per_tok"), shared, gated=False))
-    return _keep(groups)
+    return keep(groups)
 
 
-def _granite(r: _Reader) -> list[LayerGroup]:
-    kinds = _layout(r, "layer_types", {"mamba": "m", "linear_attention": "m", "attention": "a",
+def _granite(r: ConfigReader) -> list[LayerGroup]:
+    kinds = layout(r, "layer_types", {"mamba": "m", "linear_attention": "m", "attention": "a",
                                         "full_attention": "a"})
     n, d = len(kinds), r.num("hidden_size")
     n_experts = r.opt_num("num_local_experts")
@@ -206,38 +121,38 @@ def _granite(r: _Reader) -> list[LayerGroup]:
                         r.opt_num("shared_intermediate_size"))
     else:  # the dense Granite-4.0-H (1B, micro): one MLP of shared_intermediate_size
         ffn = MLPLayers(n, d, r.num("shared_intermediate_size"))
-    return _keep([
-        _mamba2(r, kinds.count("m"), r.num("mamba_n_heads"), r.num("mamba_d_head"),
+    return keep([
+        mamba2(r, kinds.count("m"), r.num("mamba_n_heads"), r.num("mamba_d_head"),
                 d_state="mamba_d_state", n_groups="mamba_n_groups", conv="mamba_d_conv"),
-        _attention(r, kinds.count("a")),
+        attention(r, kinds.count("a")),
         ffn,
     ])
 
 
-def _falcon_h1(r: _Reader) -> list[LayerGroup]:
+def _falcon_h1(r: ConfigReader) -> list[LayerGroup]:
     n, d = r.num("num_hidden_layers"), r.num("hidden_size")
     heads = r.num("mamba_n_heads")
     d_ssm = r.opt_num("mamba_d_ssm", 0) or r.num("mamba_expand", 2) * d
-    return _keep([
-        _mamba2(r, n, heads, d_ssm // heads, d_state="mamba_d_state", n_groups="mamba_n_groups",
+    return keep([
+        mamba2(r, n, heads, d_ssm // heads, d_state="mamba_d_state", n_groups="mamba_n_groups",
                 conv="mamba_d_conv"),
-        _attention(r, n),
+        attention(r, n),
         MLPLayers(n, d, r.num("intermediate_size")),
     ])
 
 
-def _bamba(r: _Reader) -> list[LayerGroup]:
+def _bamba(r: ConfigReader) -> list[LayerGroup]:
     n, d = r.num("num_hidden_layers"), r.num("hidden_size")
     n_att = len(r.seq("attn_layer_indices") or [])
-    return _keep([
-        _mamba2(r, n - n_att, r.num("mamba_n_heads"), r.num("mamba_d_head"),
+    return keep([
+        mamba2(r, n - n_att, r.num("mamba_n_heads"), r.num("mamba_d_head"),
                 d_state="mamba_d_state", n_groups="mamba_n_groups", conv="mamba_d_conv"),
-        _attention(r, n_att),
+        attention(r, n_att),
         MLPLayers(n, d, r.num("intermediate_size")),
     ])
 
 
-def _jamba(r: _Reader) -> list[LayerGroup]:
+def _jamba(r: ConfigReader) -> list[LayerGroup]:
     n, d = r.num("num_hidden_layers"), r.num("hidden_size")
     a_per, a_off = r.num("attn_layer_period", 8), r.num("attn_layer_offset", 4)
     e_per, e_off = r.num("expert_layer_period", 2), r.num("expert_layer_offset", 1)
@@ -246,16 +161,16 @@ def _jamba(r: _Reader) -> list[LayerGroup]:
     dt_rank = r.cfg.get("mamba_dt_rank", "auto")
     dt = -(-d // 16) if dt_rank == "auto" else r.num("mamba_dt_rank")
     ffn = r.num("intermediate_size")
-    return _keep([
+    return keep([
         Mamba1Layers(n - n_att, d, r.num("mamba_expand", 2) * d, r.num("mamba_d_state", 16), dt,
                      conv_kernel=r.num("mamba_d_conv", 4)),
-        _attention(r, n_att),
+        attention(r, n_att),
         MoELayers(n_moe, d, ffn, r.num("num_experts"), r.num("num_experts_per_tok")),
         MLPLayers(n - n_moe, d, ffn),
     ])
 
 
-def _gdn(r: _Reader, count: int, ssm_bytes: int = 2) -> GatedDeltaNetLayers:
+def _gdn(r: ConfigReader, count: int, ssm_bytes: int = 2) -> GatedDeltaNetLayers:
     return GatedDeltaNetLayers(
         count, r.num("hidden_size"), r.num("linear_num_key_heads"),
         r.num("linear_num_value_heads"), r.num("linear_key_head_dim"),
@@ -267,10 +182,10 @@ def _gdn(r: _Reader, count: int, ssm_bytes: int = 2) -> GatedDeltaNetLayers:
 _GDN_KINDS = {"linear_attention": "g", "full_attention": "a"}
 
 
-def _qwen3_next(r: _Reader) -> list[LayerGroup]:
+def _qwen3_next(r: ConfigReader) -> list[LayerGroup]:
     if isinstance(r.cfg.get("text_config"), dict):  # Qwen3.5 wraps the LM in text_config
-        r = _Reader({**r.cfg["text_config"], "model_type": r.cfg.get("model_type")}, r.where)
-    kinds = _layout(r, "layer_types", _GDN_KINDS)
+        r = ConfigReader({**r.cfg["text_config"], "model_type": r.cfg.get("model_type")}, r.where)
+    kinds = layout(r, "layer_types", _GDN_KINDS)
     n, d = len(kinds), r.num("hidden_size")
     n_experts = r.opt_num("num_experts")
     step = r.opt_num("decoder_sparse_step", 1) or 1
@@ -280,7 +195,7 @@ def _qwen3_next(r: _Reader) -> list[LayerGroup]:
     )
     groups: list[LayerGroup] = [
         _gdn(r, kinds.count("g"), r.dtype_bytes("mamba_ssm_dtype", 2)),
-        _attention(r, kinds.count("a"), q_gate=True),  # q_proj doubles as the output gate
+        attention(r, kinds.count("a"), q_gate=True),  # q_proj doubles as the output gate
     ]
     if n_moe:
         groups.append(MoELayers(n_moe, d, r.num("moe_intermediate_size"), n_experts,
@@ -288,28 +203,28 @@ def _qwen3_next(r: _Reader) -> list[LayerGroup]:
                                 r.opt_num("shared_expert_intermediate_size")))
     if n - n_moe:
         groups.append(MLPLayers(n - n_moe, d, r.num("intermediate_size")))
-    return _keep(groups)
+    return keep(groups)
 
 
-def _olmo_hybrid(r: _Reader) -> list[LayerGroup]:
-    kinds = _layout(r, "layer_types", _GDN_KINDS)
-    return _keep([
+def _olmo_hybrid(r: ConfigReader) -> list[LayerGroup]:
+    kinds = layout(r, "layer_types", _GDN_KINDS)
+    return keep([
         _gdn(r, kinds.count("g")),
-        _attention(r, kinds.count("a")),
+        attention(r, kinds.count("a")),
         MLPLayers(len(kinds), r.num("hidden_size"), r.num("intermediate_size")),
     ])
 
 
-def _lfm2_layout(r: _Reader) -> list[str]:
+def _lfm2_layout(r: ConfigReader) -> list[str]:
     if r.seq("layer_types") is not None:
-        return _layout(r, "layer_types", {"conv": "c", "full_attention": "a"})
+        return layout(r, "layer_types", {"conv": "c", "full_attention": "a"})
     idxs = r.seq("full_attn_idxs")
     if idxs is None:
         raise ShapeError(f"{r.where}: lfm2 needs 'layer_types' or 'full_attn_idxs'")
     return ["a" if i in idxs else "c" for i in range(r.num("num_hidden_layers"))]
 
 
-def _lfm2_ffn(r: _Reader) -> int:
+def _lfm2_ffn(r: ConfigReader) -> int:
     """The MLP width ``Lfm2MLP`` builds: ``block_ff_dim`` (= ``intermediate_size``), cut to
     2/3, scaled and rounded up to ``block_multiple_of`` when ``block_auto_adjust_ff_dim``."""
     ff = r.opt_num("block_ff_dim", 0) or r.num("intermediate_size")
@@ -323,12 +238,12 @@ def _lfm2_ffn(r: _Reader) -> int:
     return ff
 
 
-def _lfm2(r: _Reader) -> list[LayerGroup]:
+def _lfm2(r: ConfigReader) -> list[LayerGroup]:
     kinds = _lfm2_layout(r)
     n, d = len(kinds), r.num("hidden_size")
     conv = ShortConvLayers(kinds.count("c"), d, r.opt_num("conv_dim", d),
                            conv_kernel=r.num("conv_L_cache", 3))
-    groups: list[LayerGroup] = [conv, _attention(r, kinds.count("a"))]
+    groups: list[LayerGroup] = [conv, attention(r, kinds.count("a"))]
     if r.cfg.get("model_type") == "lfm2_moe":
         dense = min(r.num("num_dense_layers", 2), n)
         groups += [MLPLayers(dense, d, r.num("intermediate_size")),
@@ -336,16 +251,16 @@ def _lfm2(r: _Reader) -> list[LayerGroup]:
                              r.num("num_experts_per_tok"))]
     else:
         groups.append(MLPLayers(n, d, _lfm2_ffn(r)))
-    return _keep(groups)
+    return keep(groups)
 
 
-def _kimi_linear(r: _Reader) -> list[LayerGroup]:
+def _kimi_linear(r: ConfigReader) -> list[LayerGroup]:
     lac = r.cfg.get("linear_attn_config") or {}
     if not isinstance(lac, dict):
         raise ShapeError(f"{r.where}: 'linear_attn_config' must be an object")
     n, d = r.num("num_hidden_layers"), r.num("hidden_size")
     if r.seq("layer_types") is not None:
-        kinds = _layout(r, "layer_types", _GDN_KINDS)
+        kinds = layout(r, "layer_types", _GDN_KINDS)
     elif "full_attn_layers" in lac:  # the checkpoint's 1-based lists
         full = set(lac["full_attn_layers"])
         kinds = ["a" if i + 1 in full else "g" for i in range(n)]
@@ -356,13 +271,13 @@ def _kimi_linear(r: _Reader) -> list[LayerGroup]:
         n_dense = sum(1 for t in mlp_types if t == "dense")
     else:
         n_dense = min(r.opt_num("first_k_dense_replace", 1), n)
-    lr = _Reader(lac, r.where)
+    lr = ConfigReader(lac, r.where)
     heads = lr.opt_num("num_heads", 0) or r.num("linear_num_heads")
     head_dim = lr.opt_num("head_dim", 0) or r.num("linear_head_dim")
     kernel = lr.opt_num("short_conv_kernel_size", 0) or r.num("linear_conv_kernel_dim", 4)
     moe_ffn = r.num("moe_intermediate_size")
     experts_per_tok = r.opt_num("num_experts_per_token", 0) or r.num("num_experts_per_tok")
-    return _keep([
+    return keep([
         KimiDeltaLayers(kinds.count("g"), d, heads, head_dim, conv_kernel=kernel,
                         state_dtype_bytes=r.dtype_bytes("mamba_ssm_cache_dtype", 4)),
         MLALayers(kinds.count("a"), d, r.num("num_attention_heads"), r.num("kv_lora_rank"),
@@ -374,7 +289,7 @@ def _kimi_linear(r: _Reader) -> list[LayerGroup]:
     ])
 
 
-FAMILIES: dict[str, Callable[[_Reader], list[LayerGroup]]] = {
+FAMILIES: dict[str, Callable[[ConfigReader], list[LayerGroup]]] = {
     "zamba2": _zamba2,
     "nemotron_h": _nemotron_h,
     "granitemoehybrid": _granite,
@@ -408,7 +323,7 @@ def shape_from_hf_config(cfg: Config, name: str, source: str = "", where: str = 
             "(the schema in vllm_hybrid/core/shapes.py)"
         )
     try:
-        layers = build(_Reader(cfg, where))
+        layers = build(ConfigReader(cfg, where))
     except (TypeError, ValueError, ZeroDivisionError, KeyError) as exc:
         if isinstance(exc, ShapeError):
             raise
