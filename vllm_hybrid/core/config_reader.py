@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_hybrid.core.layers import AttentionLayers, LayerGroup, Mamba2Layers
-from vllm_hybrid.core.shapes import ShapeError
+from vllm_hybrid.core.model_shape import ShapeError
 
 Config = dict[str, Any]
 _DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "float16": 2, "bf16": 2, "fp16": 2}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm_hybrid.core.shapes import ModelShape
+from vllm_hybrid.core.model_shape import ModelShape
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ from vllm_hybrid.core.layers import (
     MoELayers,
 )
 from vllm_hybrid.core.linear_attn import GatedDeltaNetLayers, KimiDeltaLayers, ShortConvLayers
-from vllm_hybrid.core.shapes import ModelShape, ShapeError
+from vllm_hybrid.core.model_shape import ModelShape, ShapeError
 
 
 def _zamba2(r: ConfigReader) -> list[LayerGroup]:
