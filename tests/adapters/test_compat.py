@@ -101,6 +101,11 @@ def test_contract_skip_split_hook() -> None:
     )
     compat.skip_split_hook(probe)
     assert probe._mamba_block_aligned_split.__func__ is Scheduler._mamba_block_aligned_split
+    compat.skip_split_hook(probe, skip=False)  # a sub-block stop is pending: the hook again
+    assert (
+        probe._mamba_block_aligned_split.__func__
+        is compat_sched.SchedulerHooks.__dict__["_mamba_block_aligned_split"]
+    )
 
 
 def test_contract_set_retention_interval() -> None:
@@ -280,10 +285,10 @@ def test_contract_install_scheduler_selector() -> None:
     assert built == SimpleNamespace(vllm_config="v", kv_cache_config="k")
 
 
-def test_contract_run_before_engine_config() -> None:
+def test_contract_wrap_engine_config() -> None:
     from vllm.engine.arg_utils import EngineArgs
 
-    assert compat.run_before_engine_config(lambda args: None)  # installed (once per process)
+    assert compat.wrap_engine_config(lambda args: None, lambda args, config: None)  # once
     # vLLM's own signature, seen through the wrapper's __wrapped__
     assert params(EngineArgs.create_engine_config) == ["self", "usage_context", "headless"]
     assert "engine_args.create_engine_config(usage_context)" in vllm_file("v1/engine/llm_engine.py")

@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_hybrid.adapters.vllm.compat.scheduler import enable_exact_stops
+from vllm_hybrid.adapters.vllm.compat.scheduler import enable_exact_stops, skip_split_hook
 from vllm_hybrid.adapters.vllm.config import is_full_attention
 from vllm_hybrid.core import (
     CacheOptionError,
@@ -101,6 +101,10 @@ class CacheControl:
         self.stop_tokens = self.hash_tokens if enable_exact_stops(scheduler) else self.block_tokens
         self.requests: dict[str, _Request] = {}
         self._stopping: set[str] = set()  # ids of requests with breakpoint stops pending
+        #: Whether vLLM's chunk split goes through our hook (``compat.SchedulerHooks``): only
+        #: while a sub-block stop is pending, since vLLM asks for every running request at
+        #: every step. The scheduler starts with vLLM's split bound (``skip_split_hook``).
+        self._split_hooked = False
         #: Ids of the requests whose ``shared_prefix_boundary`` is one of our sub-block stops,
         #: to be ended at exactly (``compat.SchedulerHooks``, on vLLM's chunk split, which asks
         #: for every running request at every step): the pending set itself, or empty for good
@@ -160,7 +164,13 @@ class CacheControl:
         state.stops = sorted(stops)
         if state.stops:
             self._stopping.add(request.request_id)
+            if self.exact_stop_ids and not self._split_hooked:
+                self._hook_splits(True)  # this step's split of the request comes next
         return state.stops[0] if state.stops else junction
+
+    def _hook_splits(self, on: bool) -> None:
+        skip_split_hook(self.scheduler, skip=not on)
+        self._split_hooked = on
 
     def vllm_junction(self, request: Any) -> int:
         """vLLM's own junction for a request (what the policy feed reports as cached KV)."""
@@ -176,6 +186,8 @@ class CacheControl:
         if self._kv_partials:
             self._keep_kv_partials()
         if not self._stopping:
+            if self._split_hooked:
+                self._hook_splits(False)
             return  # the common case: no request has a breakpoint ahead (O(1) per step)
         for req_id in self._stopping.intersection(out.num_scheduled_tokens):
             state = self.requests.get(req_id)
@@ -197,6 +209,8 @@ class CacheControl:
                 request.shared_prefix_boundary = state.stops[0]
             else:
                 self._stopping.discard(req_id)
+        if not self._stopping:
+            self._hook_splits(False)
 
     def _add_kv_partials(self, request: Any, stop: int) -> None:
         """Make the attention KV before a sub-block stop reachable, as vLLM does for a prompt

@@ -207,11 +207,11 @@ class _HybridMixin(SchedulerHooks):
             sub_block = control is not None and control.stop_tokens < control.block_tokens
             self.hy_output = OutputStates.install(self, state.mirror.policy, sub_block=sub_block)
             state.extra_totals = [x.totals for x in (control, self.hy_output) if x is not None]
-        if control is None or control.stop_tokens >= control.block_tokens:
-            # No sub-block stops can ever be pending: vLLM's split itself, bound on the
-            # instance, so the hook costs nothing (vLLM calls it for every running request
-            # at every step; ~1.5% of a 256-request step in bench_scheduler.py).
-            skip_split_hook(self)
+        # vLLM's split itself, bound on the instance, so the hook costs nothing while no
+        # sub-block stop is pending (vLLM calls it for every running request at every step;
+        # ~1.5% of a 256-request step in bench_scheduler.py); the cache control puts the hook
+        # back while one is (CacheControl._hook_splits).
+        skip_split_hook(self)
         self.hybrid_checks = 0
 
     def _hy_waiting_paths(self) -> Iterator[Sequence[Any]]:

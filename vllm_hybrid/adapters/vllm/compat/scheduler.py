@@ -93,10 +93,13 @@ class SchedulerHooks:
         return self.after_free_request(request, kv_params), ec_params
 
 
-def skip_split_hook(scheduler: SchedulerHooks) -> None:
+def skip_split_hook(scheduler: SchedulerHooks, skip: bool = True) -> None:
     """Bind vLLM's ``Scheduler._mamba_block_aligned_split`` on ``scheduler`` itself, so the
-    override costs nothing where no chunk ever ends exactly at a boundary of ours (vLLM calls
-    it for every running prefill at every step)."""
+    override costs nothing while no chunk has to end exactly at a boundary of ours (vLLM calls
+    it for every running request at every step); ``skip=False`` puts the override back."""
+    if not skip:
+        scheduler.__dict__.pop("_mamba_block_aligned_split", None)
+        return
     vllm: Any = super(SchedulerHooks, scheduler)
     scheduler._mamba_block_aligned_split = vllm._mamba_block_aligned_split  # type: ignore[method-assign]
 
