@@ -136,7 +136,9 @@ def vllm_config(args: argparse.Namespace) -> Any:
         **{
             key: value
             for key, value in (
-                ("prefix_match_unit", args.match_unit),
+                # the block size unless asked: the plugin's own default (1 for a hybrid)
+                # would apply to whichever policy builds the shared config
+                ("prefix_match_unit", args.match_unit or args.block_tokens),
                 ("prefix_caching_hash_algo", args.hash_algo),
             )
             if value is not None

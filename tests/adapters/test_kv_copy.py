@@ -192,7 +192,7 @@ def test_plugin_installs_the_copy_fix_off_cpu(monkeypatch):
     monkeypatch.setattr(kv_copy, "patch_kv_cache_block_copies", lambda: calls.append("copy"))
     monkeypatch.setattr(cpu_mamba2, "patch_cpu_mamba2_prefix_caching", lambda: calls.append("cpu"))
     monkeypatch.setattr(plugin, "select_hybrid_scheduler", lambda: None)
-    monkeypatch.setattr(plugin, "select_host_tier_connector", lambda: None)
+    monkeypatch.setattr(plugin, "hook_engine_config", lambda: None)
     plugin.register()
     assert calls == ["copy"]
 

@@ -66,3 +66,27 @@ def test_bench_scheduler_passes_the_match_unit_and_hash_to_vllm(model_root: Path
     assert (cache.prefix_match_unit, cache.prefix_caching_hash_algo) == (16, "sha256")
     default = bench.vllm_config(bench.parse_args(["--model-dir", model])).cache_config
     assert default.prefix_match_unit in (None, 128)  # vLLM's default: the block size
+
+
+def test_the_plugin_gives_a_hybrid_a_match_unit_of_one_unless_told_otherwise(
+    model_root: Path,
+) -> None:
+    """``adapters/vllm/config.py::configure_match_unit`` on the config
+    ``EngineArgs.create_engine_config`` builds (the tiny Zamba2: a hybrid in align mode)."""
+    from vllm_hybrid.testing.sched_harness import build_vllm_config
+
+    model = tiny_model_dir("zamba2", model_root)
+    common = dict(
+        prefix_caching=True, block_tokens=128, num_blocks=64, max_num_seqs=4, max_batched_tokens=512
+    )
+
+    def unit(**kwargs: object) -> int | None:
+        return build_vllm_config(model, **common, **kwargs).cache_config.prefix_match_unit
+
+    assert unit() == 1  # ours: exact resume
+    assert unit(prefix_match_unit=16) == 16  # the user's setting wins
+    assert unit(hybrid={"match_unit": "block"}) is None  # vLLM's default (the block)
+    assert unit(hybrid={"match_unit": 32}) == 32
+    assert unit(hybrid={"policy": "stock"}) is None  # stock: vLLM untouched
+    no_caching = dict(common, prefix_caching=False)
+    assert build_vllm_config(model, **no_caching).cache_config.prefix_match_unit is None

@@ -27,6 +27,10 @@ def test_defaults_and_precedence() -> None:
         ({"snapshot_every": True}, "snapshot_every True"),
         ({"debug": "maybe"}, "debug 'maybe' must be true or false"),
         ({"shape": " "}, "shape must not be empty"),
+        ({"match_unit": 0}, "match_unit 0 must be one of auto, block or a positive token count"),
+        ({"match_unit": "fine"}, "match_unit 'fine'"),
+        ({"match_unit": True}, "match_unit True"),
+        ({"system_breakpoint": "sometimes"}, "system_breakpoint 'sometimes' must be true or"),
     ],
 )
 def test_bad_values_name_the_setting(settings: dict, message: str) -> None:
@@ -67,3 +71,18 @@ def test_snapshot_budget_share() -> None:
             ConfigError, match=r"max_snapshot_fraction .* must be a number in \[0, 1\]"
         ):
             HybridCacheConfig.from_sources({"max_snapshot_fraction": bad}, {})
+
+
+def test_the_engine_match_unit_is_ours_only_where_the_user_set_none() -> None:
+    default = HybridCacheConfig.from_sources(None, {})
+    assert (default.match_unit, default.system_breakpoint) == ("auto", True)
+    assert default.engine_match_unit(None, hybrid_align=True) == 1  # exact resume
+    assert default.engine_match_unit(16, hybrid_align=True) is None  # the user's wins
+    assert default.engine_match_unit(None, hybrid_align=False) is None  # not a hybrid
+    stock = HybridCacheConfig.from_sources({"policy": "stock"}, {})
+    assert stock.engine_match_unit(None, hybrid_align=True) is None  # vLLM's, untouched
+    block = HybridCacheConfig.from_sources({"match_unit": "block"}, {})
+    assert block.engine_match_unit(None, hybrid_align=True) is None
+    env = {"VLLM_HYBRID_MATCH_UNIT": "16", "VLLM_HYBRID_SYSTEM_BREAKPOINT": "0"}
+    got = HybridCacheConfig.from_sources(None, env)
+    assert (got.engine_match_unit(None, hybrid_align=True), got.system_breakpoint) == (16, False)

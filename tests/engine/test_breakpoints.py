@@ -520,7 +520,8 @@ def test_offline_llm_breakpoints_prewarm_and_oracle(model_root):
         return out.num_cached_tokens, list(out.outputs[0].token_ids)
 
     # 8 of 48 pages: the 700-token prewarm (5 KV + 3 state pages) fits exactly, nothing more.
-    settings = {"vllm_hybrid": {"max_pinned_fraction": 0.17, "debug": True}}
+    # U = the block (vLLM's default; ours is 1): the block-floored hits below
+    settings = {"vllm_hybrid": {"max_pinned_fraction": 0.17, "debug": True, "match_unit": "block"}}
     pool = {"num_gpu_blocks_override": 48, "max_model_len": 2048}
     model_dir = tiny_model_dir("zamba2", model_root)
     with engine(model_dir, enable_prefix_caching=True, additional_config=settings, **pool) as llm:

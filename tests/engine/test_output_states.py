@@ -1,7 +1,8 @@
 """End-of-output states: the next turn of a conversation resumes from the end of the answer.
 
-One engine (tiny Zamba2, 128-token blocks, the default prefix match unit = the block, the
-``flop`` policy, integrity checks after every scheduler step). A greedy chat of four turns
+One engine per prefix match unit ``U`` (tiny Zamba2, 128-token blocks, the ``flop`` policy,
+integrity checks after every scheduler step): our default (``match_unit: auto``, ``U`` = 1) and
+vLLM's (``match_unit: block``, ``U`` = the block). A greedy chat of four turns
 whose answers cross a block boundary while decoding: vLLM 0.32 alone keeps no state there
 (``MambaManager.reachable_block_mask`` keeps only prompt ends and junctions), so each turn
 resumed from the block below the previous *prompt's* end; with ``OutputStates``
@@ -9,7 +10,7 @@ resumed from the block below the previous *prompt's* end; with ``OutputStates``
 *answer*. Oracles:
 
 * every turn's ``num_cached_tokens`` is exactly the highest state the policy keeps: the
-  block-floor of the previous turn's prompt + answer (the last computed position);
+  ``U``-floor of the previous turn's prompt + answer (the last computed position);
 * greedy outputs equal outputs computed from scratch: the same requests each under a fresh
   ``cache_salt`` (which shares no cached block), token for token;
 * the superseded boundary states of a long answer are dropped (one end state per answer).
@@ -32,15 +33,22 @@ BLOCK = 128
 ANSWER = 40  # tokens per answer: each answer below crosses a block boundary while decoding
 
 
-@pytest.fixture(scope="module")
-def llm(model_root):
-    config = {"vllm_hybrid": {"policy": "flop", "debug": True}}
+#: The prefix match unit each engine runs with, by its ``match_unit`` setting.
+UNIT = {"auto": 1, "block": BLOCK}
+
+
+@pytest.fixture(scope="module", params=sorted(UNIT))
+def llm(request, model_root):
+    config = {"vllm_hybrid": {"policy": "flop", "debug": True, "match_unit": request.param}}
     with engine(
         tiny_model_dir("zamba2", model_root),
         enable_prefix_caching=True,
         num_gpu_blocks_override=128,
         additional_config=config,
     ) as llm:
+        unit = llm.llm_engine.vllm_config.cache_config.prefix_match_unit or BLOCK
+        assert unit == UNIT[request.param]
+        llm.unit = unit
         yield llm
 
 
@@ -55,8 +63,8 @@ def _generate(llm, prompt: list[int], salt: str | None = None):
     return llm.generate([item], _params(), use_tqdm=False)[0]
 
 
-def _floor(tokens: int) -> int:
-    return tokens // BLOCK * BLOCK
+def _floor(tokens: int, unit: int = BLOCK) -> int:
+    return tokens // unit * unit
 
 
 def _conversation() -> tuple[random.Random, list[int]]:
@@ -80,13 +88,15 @@ def test_next_turn_resumes_from_the_end_of_the_answer(llm):
         expected = max((p for p in kept if p <= prompt_tokens - 1), default=0)
         turns.append((prompt_tokens, out.num_cached_tokens, expected, answer))
         computed = prompt_tokens + ANSWER - 1  # the last sampled token is never computed
-        kept += [_floor(prompt_tokens - 1), _floor(computed)]  # prompt end, answer end
+        # prompt end, answer end
+        kept += [_floor(prompt_tokens - 1, llm.unit), _floor(computed, llm.unit)]
         conversation = conversation + answer
     hits = [(p, got) for p, got, _, _ in turns]
     assert [got for _, got, _, _ in turns] == [want for _, _, want, _ in turns], hits
-    # vLLM alone: 0, 512, 640, 640, 768 (the previous prompt's end); the answers of turns 1
-    # and 3 crossed 640 and 768 while decoding.
-    assert [got for _, got, _, _ in turns] == [0, 640, 640, 768, 768], hits
+    # U = block: vLLM alone gives 0, 512, 640, 640, 768 (the previous prompt's end); the
+    # answers of turns 1 and 3 crossed 640 and 768 while decoding. U = 1: the exact ends.
+    want = {1: [0, 649, 709, 769, 829], BLOCK: [0, 640, 640, 768, 768]}[llm.unit]
+    assert [got for _, got, _, _ in turns] == want, hits
 
     # Outputs equal from-scratch outputs (a fresh salt per request: no cached block shared).
     rng, conversation = _conversation()
@@ -111,17 +121,19 @@ def test_a_long_answer_keeps_one_end_state(llm):
     out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
     answer = list(out.outputs[0].token_ids)
     computed = 300 + 300 - 1  # 599: boundaries 384 and 512 crossed while decoding
-    assert (output.kept_boundaries - before[0], output.dropped - before[1]) == (2, 1)
+    # U = 1: the exact end state at 599 is keyed at finish and replaces 512 as well
+    exact = llm.unit < BLOCK
+    assert (output.kept_boundaries - before[0], output.dropped - before[1]) == (2, 1 + exact)
     totals = hybrid_totals(scheduler.hybrid_pool)  # what /metrics exports
     assert totals["output_states_kept"] == output.kept_boundaries + output.kept_exact
     assert totals["output_states_dropped"] == output.dropped >= 1
     full = prompt + answer
     nxt = _generate(llm, full[:computed] + [rng.randrange(10, 1000) for _ in range(30)])
-    assert nxt.num_cached_tokens == _floor(computed) == 512
+    assert nxt.num_cached_tokens == _floor(computed, llm.unit) == (599 if exact else 512)
     # 384 was an end only until 512 was crossed: a prompt ending just past it resumes from
-    # the previous prompt's end (256) instead.
+    # the previous prompt's end (299, or 256 floored to the block) instead.
     early = _generate(llm, full[:390] + [rng.randrange(10, 1000) for _ in range(5)])
-    assert early.num_cached_tokens == 256
+    assert early.num_cached_tokens == _floor(299, llm.unit)
 
 
 def test_the_policy_decides_where_the_end_state_goes():

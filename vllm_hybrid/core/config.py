@@ -44,6 +44,23 @@ fraction``          SNAPSHOT_FRACTION      their own)               that free ca
                     TIER_GB                                         state snapshots the policy
                                                                     evicts alone, in GB (1e9
                                                                     bytes; docs/host_tier.md)
+``match_unit``      VLLM_HYBRID_MATCH_     ``auto``                 the engine's prefix match
+                    UNIT                                            unit (vLLM's
+                                                                    ``prefix_match_unit``) when
+                                                                    the user set none: ``auto``
+                                                                    (1 token for a hybrid in
+                                                                    align mode: exact resume),
+                                                                    ``block`` (vLLM's default)
+                                                                    or a token count
+``system_           VLLM_HYBRID_SYSTEM_    ``true``                 the server ends a chat
+breakpoint``        BREAKPOINT                                      request's first prefill
+                                                                    chunk where its system
+                                                                    prompt ends (the next
+                                                                    message's role header
+                                                                    included) when it has no
+                                                                    ``cache_control`` marks,
+                                                                    so the state there is kept
+                                                                    for other conversations
 ==================  =====================  =======================  =========================
 """
 
@@ -68,8 +85,15 @@ ENV = {
     "max_pin_ttl_s": "VLLM_HYBRID_MAX_PIN_TTL_S",
     "modules": "VLLM_HYBRID_MODULES",
     "host_tier_gb": "VLLM_HYBRID_HOST_TIER_GB",
+    "match_unit": "VLLM_HYBRID_MATCH_UNIT",
+    "system_breakpoint": "VLLM_HYBRID_SYSTEM_BREAKPOINT",
 }
 SNAPSHOT_MODES = ("auto", "engine", "dense")
+MATCH_UNIT_MODES = ("auto", "block")
+#: The match unit ``auto`` picks: one token, so a next turn resumes at the exact end of the
+#: previous prompt + answer and a breakpoint or junction is exact. Its cost is vLLM's hashing,
+#: one chained hash per token (~1.4 us a token with sha256; docs/scheduler_overhead.md).
+AUTO_MATCH_UNIT = 1
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 
 
@@ -90,10 +114,22 @@ class HybridCacheConfig:
     max_pin_ttl_s: float = 3600.0
     modules: str = ""
     host_tier_gb: float = 0.0
+    match_unit: str | int = "auto"
+    system_breakpoint: bool = True
 
     @property
     def enabled(self) -> bool:
         return self.policy != STOCK
+
+    def engine_match_unit(self, user_unit: int | None, hybrid_align: bool) -> int | None:
+        """The prefix match unit to give the engine, or None to leave the engine's setting
+        alone: an explicit user setting always wins, ``stock`` changes nothing, and only a
+        hybrid whose state groups take sub-block hits (vLLM: align mode) gets one."""
+        if user_unit is not None or not self.enabled or not hybrid_align:
+            return None
+        if self.match_unit == "block":
+            return None
+        return AUTO_MATCH_UNIT if self.match_unit == "auto" else int(self.match_unit)
 
     def snapshot_budget_pages(self, pool_pages: int) -> int | None:
         """The snapshot budget in pages of a pool of ``pool_pages`` (None: no budget of their
@@ -160,6 +196,10 @@ class HybridCacheConfig:
             host_tier_gb=_number(
                 "host_tier_gb", raw.get("host_tier_gb", cls.host_tier_gb), low=0.0, high=1e6
             ),
+            match_unit=_match_unit(raw.get("match_unit", cls.match_unit)),
+            system_breakpoint=_flag(
+                "system_breakpoint", raw.get("system_breakpoint", cls.system_breakpoint)
+            ),
         )
 
 
@@ -180,6 +220,18 @@ def _snapshot_every(value: Any) -> str | int:
     raise ConfigError(
         f"vllm_hybrid: snapshot_every {value!r} must be one of {', '.join(SNAPSHOT_MODES)} "
         "or a non-negative token count"
+    )
+
+
+def _match_unit(value: Any) -> str | int:
+    text = str(value).strip()
+    if text in MATCH_UNIT_MODES:
+        return text
+    if not isinstance(value, bool) and text.isdigit() and int(text) > 0:
+        return int(text)
+    raise ConfigError(
+        f"vllm_hybrid: match_unit {value!r} must be one of {', '.join(MATCH_UNIT_MODES)} "
+        "or a positive token count that divides the block size"
     )
 
 

@@ -106,6 +106,30 @@ def prefix_messages(messages: list[Any], marker: Marker) -> tuple[list[Any], boo
     return [*head[:-1], last], True
 
 
+#: Roles of the messages that make a system prompt (OpenAI's ``developer`` is its new name).
+SYSTEM_ROLES = ("system", "developer")
+
+
+def system_prompt_probe(messages: Any) -> list[Any] | None:
+    """Messages to render for the end of a chat's system prompt: its leading system messages
+    and the next message's role with empty content; the rendered tokens' common prefix with
+    the whole request's ends after that role's header, where another conversation with the
+    same system prompt diverges. None when there is no system prompt or nothing after it."""
+    if not isinstance(messages, list):
+        return None
+    k = 0
+    while k < len(messages) and _role(messages[k]) in SYSTEM_ROLES:
+        k += 1
+    if k == 0 or k == len(messages) or _role(messages[k]) is None:
+        return None
+    return [*strip_cache_control(messages[:k]), {"role": _role(messages[k]), "content": ""}]
+
+
+def _role(message: Any) -> str | None:
+    role = message.get("role") if isinstance(message, Mapping) else None
+    return role if isinstance(role, str) else None
+
+
 # --- Anthropic /v1/messages ---------------------------------------------------------------
 
 

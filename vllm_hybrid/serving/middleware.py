@@ -71,6 +71,7 @@ from vllm_hybrid.serving.messages import (
     prefix_messages,
     strip_anthropic_cache_control,
     strip_cache_control,
+    system_prompt_probe,
 )
 
 logger = logging.getLogger("vllm_hybrid")
@@ -141,20 +142,10 @@ class HybridServingMiddleware:
     async def _rewrite_chat(self, scope: Scope, body: dict[str, Any], xargs: Any) -> Any:
         markers = chat_markers(body["messages"])
         if not markers:
-            return None
+            return await self._system_breakpoint(scope, body, xargs)
         messages = strip_cache_control(body["messages"])
-        render = {k: body[k] for k in RENDER_KEYS if k in body}
-        if body.get("model") is not None:
-            render["model"] = body["model"]
-        full = await self.client.tokens(
-            scope,
-            {
-                **render,
-                "messages": messages,
-                "add_generation_prompt": body.get("add_generation_prompt", True),
-                "continue_final_message": body.get("continue_final_message", False),
-            },
-        )
+        render = render_args(body)
+        full = await self._prompt_tokens(scope, body, messages, render)
         positions = []
         for marker in markers:
             head, cut = prefix_messages(body["messages"], marker)
@@ -171,6 +162,44 @@ class HybridServingMiddleware:
         new = dict(body, messages=messages)
         new["vllm_xargs"] = merge_breakpoints(xargs if isinstance(xargs, dict) else None, positions)
         return new
+
+    async def _prompt_tokens(
+        self, scope: Scope, body: dict[str, Any], messages: list[Any], render: dict[str, Any]
+    ) -> list[int]:
+        """The whole request's prompt tokens, rendered as vLLM renders the request."""
+        return await self.client.tokens(
+            scope,
+            {
+                **render,
+                "messages": messages,
+                "add_generation_prompt": body.get("add_generation_prompt", True),
+                "continue_final_message": body.get("continue_final_message", False),
+            },
+        )
+
+    async def _system_breakpoint(self, scope: Scope, body: dict[str, Any], xargs: Any) -> Any:
+        """A chat request with no marks: a breakpoint where its system prompt ends (the next
+        message's role header included), where another conversation with the same system
+        prompt diverges, so its first prefill keeps the state there (``system_breakpoint``,
+        on by default; docs/serving.md). Anything the probe's rendering refuses leaves the
+        request as it came (None): a request never fails for a breakpoint it did not ask for."""
+        config = self.config(scope)
+        probe = system_prompt_probe(body["messages"]) if config.enabled else None
+        if probe is None or not config.system_breakpoint:
+            return None
+        render = render_args(body)
+        try:
+            full = await self._prompt_tokens(scope, body, body["messages"], render)
+            head = await self.client.tokens(
+                scope, {**render, "messages": probe, "add_generation_prompt": False}
+            )
+        except Upstream:
+            return None
+        position = common_prefix_tokens(head, full)
+        if position <= 0:
+            return None
+        known = xargs if isinstance(xargs, dict) else None
+        return dict(body, vllm_xargs=merge_breakpoints(known, [position]))
 
     async def _rewrite_anthropic(self, scope: Scope, body: dict[str, Any]) -> Any:
         markers = anthropic_markers(body)
@@ -271,6 +300,14 @@ class HybridServingMiddleware:
             await send(message)
 
         return wrapped
+
+
+def render_args(body: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a chat request that change how its messages render."""
+    render = {k: body[k] for k in RENDER_KEYS if k in body}
+    if body.get("model") is not None:
+        render["model"] = body["model"]
+    return render
 
 
 def anthropic_as_chat(scope: Scope, body: dict[str, Any]) -> dict[str, Any] | None:

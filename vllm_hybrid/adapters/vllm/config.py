@@ -146,3 +146,37 @@ def configure_host_tier(engine_args: Any) -> None:
         kv_connector_extra_config={BYTES_KEY: config.host_tier_bytes},
     )
     logger.info("vllm-hybrid: host tier of %g GB: %s selected", config.host_tier_gb, CONNECTOR_NAME)
+
+
+def configure_match_unit(engine_args: Any, vllm_config: Any) -> None:
+    """Give a hybrid engine our prefix match unit (``match_unit``, default ``auto``: 1 token)
+    when the user set none (``--prefix-match-unit`` / ``prefix_match_unit=``), on the config
+    ``EngineArgs.create_engine_config`` just built and before the engine core reads it
+    (``EngineCore._initialize_kv_caches`` -> ``kv_cache_utils.resolve_kv_cache_block_sizes``,
+    which takes it as the hash block size when there are several KV cache groups and every
+    Mamba group is in align mode, and backs off to the block otherwise). vLLM leaves it out of
+    the config hash (``CacheConfig.compute_hash``). Only for hybrids (``ModelConfig.is_hybrid``)
+    with prefix caching on and Mamba cache mode ``align``: a one-group model refuses a unit
+    below its block. Bad settings fail later, in the engine, with load_config's message."""
+    cache = getattr(vllm_config, "cache_config", None)
+    model = getattr(vllm_config, "model_config", None)
+    if cache is None or model is None or not cache.enable_prefix_caching:
+        return
+    extra = getattr(engine_args, "additional_config", None) or {}
+    section = extra.get(SECTION) if isinstance(extra, dict) else None
+    if section is not None and not isinstance(section, dict):
+        return
+    try:
+        config = HybridCacheConfig.from_sources(section, os.environ)
+    except ConfigError:
+        return  # the engine refuses it with the message (load_config)
+    hybrid_align = bool(model.is_hybrid) and cache.mamba_cache_mode == "align"
+    unit = config.engine_match_unit(getattr(engine_args, "prefix_match_unit", None), hybrid_align)
+    if unit is None:
+        return
+    cache.prefix_match_unit = unit
+    logger.info(
+        "vllm-hybrid: prefix match unit %d token(s) for this hybrid (hits resume at any "
+        "multiple of it; set --prefix-match-unit or match_unit to choose another)",
+        unit,
+    )

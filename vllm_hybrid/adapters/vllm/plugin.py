@@ -39,7 +39,7 @@ def register() -> None:
 
         patch_cpu_mamba2_prefix_caching()
     select_hybrid_scheduler()
-    select_host_tier_connector()
+    hook_engine_config()
 
 
 def select_hybrid_scheduler() -> bool:
@@ -59,13 +59,19 @@ def _choose_scheduler(default: type, vllm_config: Any, kv_cache_config: Any) -> 
     return choose_scheduler(default, vllm_config, kv_cache_config)
 
 
-def select_host_tier_connector() -> bool:
-    """Let ``host_tier_gb`` turn the host tier on by itself: ``EngineArgs.create_engine_config``
+def hook_engine_config() -> bool:
+    """Two settings of ours that must reach vLLM's config before the engine is built, through
+    ``compat.wrap_engine_config`` on ``EngineArgs.create_engine_config``
     (``vllm/engine/arg_utils.py``; ``LLM`` and ``vllm serve`` build their config with it, after
-    this plugin was loaded by ``EngineArgs.__post_init__``) first fills in our connector
-    (``config.py::configure_host_tier``, through ``compat.run_before_engine_config``). Host
-    tier off: the args are left as they are. Idempotent; refused on another vLLM version."""
-    from vllm_hybrid.adapters.vllm.compat.patches import run_before_engine_config
-    from vllm_hybrid.adapters.vllm.config import configure_host_tier
+    this plugin was loaded by ``EngineArgs.__post_init__``):
 
-    return run_before_engine_config(configure_host_tier)
+    * before: with ``host_tier_gb > 0``, our host-tier connector in the args
+      (``config.py::configure_host_tier``);
+    * after: a hybrid's prefix match unit, where the user set none
+      (``config.py::configure_match_unit``).
+
+    Idempotent; refused on another vLLM version."""
+    from vllm_hybrid.adapters.vllm.compat.patches import wrap_engine_config
+    from vllm_hybrid.adapters.vllm.config import configure_host_tier, configure_match_unit
+
+    return wrap_engine_config(configure_host_tier, configure_match_unit)

@@ -42,7 +42,7 @@ WHERE = {
     "evict_cached_block": "block_pool",
     "notify_reuse": "block_pool",
     "install_scheduler_selector": "patches",
-    "run_before_engine_config": "patches",
+    "wrap_engine_config": "patches",
     "declare_scheduler_stats_field": "patches",
     "replace_cpu_mamba2_ops": "patches",
     "replace_kv_block_copy": "patches",

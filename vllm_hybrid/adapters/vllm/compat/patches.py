@@ -69,21 +69,24 @@ def install_scheduler_selector(choose: Chooser) -> bool:
     return True
 
 
-def run_before_engine_config(hook: Callable[[Any], None]) -> bool:
+def wrap_engine_config(before: Callable[[Any], None], after: Callable[[Any, Any], None]) -> bool:
     """Wrap ``EngineArgs.create_engine_config`` (``vllm/engine/arg_utils.py``; ``LLM`` and
-    ``vllm serve`` build their ``VllmConfig`` with it) so ``hook(engine_args)`` runs first."""
+    ``vllm serve`` build their ``VllmConfig`` with it) so ``before(engine_args)`` runs first and
+    ``after(engine_args, vllm_config)`` on the config it built, before anything reads it."""
     from vllm.engine.arg_utils import EngineArgs
 
     original = EngineArgs.create_engine_config
     if _marked(original):
         return True
-    if not check_vllm_version("the host tier's connector"):
+    if not check_vllm_version("the engine config hooks"):
         return False
 
     @functools.wraps(original)
     def create_engine_config(self: EngineArgs, *args: Any, **kwargs: Any) -> Any:
-        hook(self)
-        return original(self, *args, **kwargs)
+        before(self)
+        config = original(self, *args, **kwargs)
+        after(self, config)
+        return config
 
     EngineArgs.create_engine_config = _mark(create_engine_config)  # type: ignore[method-assign]
     return True
