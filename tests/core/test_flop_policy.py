@@ -106,3 +106,16 @@ def test_the_classes_remembered_per_request_are_bounded() -> None:
     recent = Node("recent", None, 0, 64, 0)
     recent.origin = 8  # remembered: its class's learned rate (<1: not every insert was reused)
     assert pol.reuse_probability(recent) < 1.0
+
+
+def test_the_prompt_floor_stop_keeps_what_vllm_keeps_at_the_block() -> None:
+    from vllm_hybrid.core import prompt_floor_stop
+
+    # B = 128, U = 1: a 2,040-token prompt's exact end is 2,039, its last block boundary 1,920
+    assert prompt_floor_stop(2040, 0, 128, 1) == 1920
+    assert prompt_floor_stop(2040, 0, 128, 16) == 1920  # exact end 2,032
+    assert prompt_floor_stop(2040, 0, 128, 128) == 0  # U = the block: vLLM's own checkpoint
+    assert prompt_floor_stop(2049, 0, 128, 1) == 0  # the exact end is the boundary
+    assert prompt_floor_stop(2040, 1792, 128, 1) == 1920  # a block computed before it
+    assert prompt_floor_stop(2040, 1793, 128, 1) == 0  # under a block: not worth a chunk
+    assert prompt_floor_stop(100, 0, 128, 1) == 0  # no boundary inside the prompt

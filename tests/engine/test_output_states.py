@@ -136,6 +136,22 @@ def test_a_long_answer_keeps_one_end_state(llm):
     assert early.num_cached_tokens == _floor(299, llm.unit)
 
 
+def test_a_sibling_prompt_resumes_at_the_last_block_boundary(llm):
+    """Two questions over one document (700 tokens + 50 of question): the second shares the
+    first up to inside the first's last block, so it can only resume from a state at that
+    block's start (640). vLLM keeps one there at U = the block; at U = 1 the prompt's own state
+    is at its exact end (749), so the engine keeps the boundary too (core.prompt_floor_stop).
+    Outputs equal from-scratch outputs."""
+    rng = random.Random(13)
+    document = [rng.randrange(10, 1000) for _ in range(700)]
+    questions = [[rng.randrange(10, 1000) for _ in range(50)] for _ in range(3)]
+    got = [_generate(llm, document + q) for q in questions]
+    assert [o.num_cached_tokens for o in got] == [0, 640, 640]
+    for q, out in zip(questions, got, strict=True):
+        fresh = _generate(llm, document + q, salt=uuid.uuid4().hex)
+        assert list(fresh.outputs[0].token_ids) == list(out.outputs[0].token_ids)
+
+
 def test_the_policy_decides_where_the_end_state_goes():
     """``core/policy.py::output_state_position`` (no engine): the end of the output, floored
     to the match unit and past the prompt, where the policy's admission keeps it."""

@@ -56,6 +56,7 @@ from vllm_hybrid.core.policy import (
     AdmitContext,
     EvictionPolicy,
     output_state_position,
+    prompt_floor_stop,
 )
 from vllm_hybrid.core.router import (
     ReplicaLoad,
@@ -137,6 +138,7 @@ __all__ = [
     "load_shape",
     "merge_breakpoints",
     "output_state_position",
+    "prompt_floor_stop",
     "periodic_interval",
     "pool_split_bytes",
     "power_of_two",

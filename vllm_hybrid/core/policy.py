@@ -124,3 +124,26 @@ def output_state_position(
     if ask is None:
         ask = policy.snapshot_positions  # type: ignore[attr-defined]
     return end if end in ask(ctx) else 0
+
+
+def prompt_floor_stop(
+    prompt_tokens: int, hit_tokens: int, block_tokens: int, unit_tokens: int
+) -> int:
+    """The block boundary below a prompt's end, where an engine with a match unit ``U`` below
+    the block also keeps a state, or 0.
+
+    At ``U`` = the block an engine keeps a prompt's state at ``floor((P - 1) / B) * B`` (vLLM's
+    prompt checkpoint): a later prompt that shares this one up to somewhere inside its last
+    block (another question over the same document, another conversation with the same
+    system prompt) resumes there. At ``U`` below the block the prompt's state moves to its
+    exact end ``floor((P - 1) / U) * U``, which such a sibling cannot use, so the boundary is
+    kept as well, at the cost of one more prefill chunk ending there. 0 where ``U`` is the
+    block, where the exact end is the boundary itself, and where the request computes less than
+    a block before the boundary (a next turn resuming just below it: the state would save a
+    sibling less than a block, not worth a chunk)."""
+    if unit_tokens >= block_tokens or prompt_tokens <= 1:
+        return 0
+    floor = (prompt_tokens - 1) // block_tokens * block_tokens
+    exact = (prompt_tokens - 1) // unit_tokens * unit_tokens
+    return floor if floor - hit_tokens >= block_tokens and floor < exact else 0
+

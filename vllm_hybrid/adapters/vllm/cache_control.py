@@ -52,6 +52,7 @@ from vllm_hybrid.core import (
     ReuseHistory,
     effective_breakpoints,
     hit_position,
+    prompt_floor_stop,
 )
 
 logger = logging.getLogger("vllm_hybrid")
@@ -105,6 +106,10 @@ class CacheControl:
         #: while a sub-block stop is pending, since vLLM asks for every running request at
         #: every step. The scheduler starts with vLLM's split bound (``skip_split_hook``).
         self._split_hooked = False
+        #: Keep a state at each prompt's last block boundary too when hits land below the
+        #: block (``core.prompt_floor_stop``): set by the scheduler where the core is in charge
+        #: (never under ``policy: stock``, which stays vLLM's).
+        self.keep_prompt_floor = False
         #: Ids of the requests whose ``shared_prefix_boundary`` is one of our sub-block stops,
         #: to be ended at exactly (``compat.SchedulerHooks``, on vLLM's chunk split, which asks
         #: for every running request at every step): the pending set itself, or empty for good
@@ -143,8 +148,15 @@ class CacheControl:
         """The ``shared_prefix_boundary`` the request runs with (vLLM's ``junction`` unless it
         has breakpoints past the hit)."""
         state = self._state(request)
+        floor = 0
+        if self.keep_prompt_floor:
+            floor = prompt_floor_stop(
+                request.num_prompt_tokens, hit_tokens, self.block_tokens, self.stop_tokens
+            )
         if state is None:
-            return junction
+            if not floor:
+                return junction
+            state = self.requests[request.request_id] = _Request(CacheOptions())
         state.vllm_junction = junction
         state.applied = list(
             effective_breakpoints(state.options.breakpoints, request.num_prompt_tokens)
@@ -156,6 +168,8 @@ class CacheControl:
             # is floored the same way (it is where a sibling would resume, at this granularity).
             stops = {hit_position(p, unit) for p in state.applied}
             stops.add(hit_position(junction, unit))
+            if floor:
+                stops.add(floor)  # the prompt's last block boundary (prompt_floor_stop)
             stops = {p for p in stops if p > hit_tokens}
         else:
             stops = {p for p in state.applied if hit_position(p, unit) > hit_tokens}

@@ -207,6 +207,8 @@ class _HybridMixin(SchedulerHooks):
             sub_block = control is not None and control.stop_tokens < control.block_tokens
             self.hy_output = OutputStates.install(self, state.mirror.policy, sub_block=sub_block)
             state.extra_totals = [x.totals for x in (control, self.hy_output) if x is not None]
+            if control is not None:
+                control.keep_prompt_floor = True
         # vLLM's split itself, bound on the instance, so the hook costs nothing while no
         # sub-block stop is pending (vLLM calls it for every running request at every step;
         # ~1.5% of a 256-request step in bench_scheduler.py); the cache control puts the hook
