@@ -20,8 +20,16 @@ def test_delta_rule_core_by_hand() -> None:
 
 def test_gated_delta_net_by_hand() -> None:
     g = GatedDeltaNetLayers(
-        count=2, d_model=8, n_k_heads=1, n_v_heads=2, d_k=4, d_v=3, conv_kernel=4,
-        chunk_tokens=2, conv_dtype_bytes=2, state_dtype_bytes=4,
+        count=2,
+        d_model=8,
+        n_k_heads=1,
+        n_v_heads=2,
+        d_k=4,
+        d_v=3,
+        conv_kernel=4,
+        chunk_tokens=2,
+        conv_dtype_bytes=2,
+        state_dtype_bytes=4,
     )
     in_proj = 2 * 8 * (2 * 4 + 2 * 6 + 2 * 2)  # q, k (4 each), v, z (6 each), b, a (2 each)
     conv = 2 * (2 * 4 + 6) * 4
@@ -55,8 +63,15 @@ def test_short_conv_by_hand() -> None:
 
 
 def test_mla_by_hand() -> None:
-    m = MLALayers(count=2, d_model=8, n_heads=2, kv_lora_rank=4, qk_nope_head_dim=3,
-                  qk_rope_head_dim=1, v_head_dim=2)
+    m = MLALayers(
+        count=2,
+        d_model=8,
+        n_heads=2,
+        kv_lora_rank=4,
+        qk_nope_head_dim=3,
+        qk_rope_head_dim=1,
+        v_head_dim=2,
+    )
     q, kv_a, kv_b, o = 2 * 8 * 8, 2 * 8 * 5, 2 * 4 * 2 * 5, 2 * 2 * 2 * 8
     assert m.linear_flops_per_token == 2 * (q + kv_a + kv_b + o)
     assert m.pair_flops == 2 * 2 * 2 * (4 + 2)  # QK^T over nope+rope, PV over v_head_dim

@@ -146,4 +146,3 @@ def prompt_floor_stop(
     floor = (prompt_tokens - 1) // block_tokens * block_tokens
     exact = (prompt_tokens - 1) // unit_tokens * unit_tokens
     return floor if floor - hit_tokens >= block_tokens and floor < exact else 0
-

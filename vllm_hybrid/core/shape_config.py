@@ -70,20 +70,45 @@ def _zamba2(r: ConfigReader) -> list[LayerGroup]:
     att_width = r.opt_num("attention_hidden_size", 2 * d)
     # Every layer has a Mamba2 mixer; a hybrid layer adds an invocation of a shared
     # transformer block (own KV) that reads concat(hidden, embeddings) = 2 d_model.
-    return keep([
-        mamba2(r, n, d_inner // r.num("mamba_headdim", 64), r.num("mamba_headdim", 64),
-                d_state="mamba_d_state", n_groups="mamba_ngroups", conv="mamba_d_conv"),
-        AttentionLayers(n_hybrid, heads, r.opt_num("num_key_value_heads", heads),
-                        r.opt_num("attention_head_dim", att_width // heads), att_width, d),
-        MLPLayers(n_hybrid, d, r.num("intermediate_size"), gated=True),
-        LinearLayers(n_hybrid, d, d),
-    ])
+    return keep(
+        [
+            mamba2(
+                r,
+                n,
+                d_inner // r.num("mamba_headdim", 64),
+                r.num("mamba_headdim", 64),
+                d_state="mamba_d_state",
+                n_groups="mamba_ngroups",
+                conv="mamba_d_conv",
+            ),
+            AttentionLayers(
+                n_hybrid,
+                heads,
+                r.opt_num("num_key_value_heads", heads),
+                r.opt_num("attention_head_dim", att_width // heads),
+                att_width,
+                d,
+            ),
+            MLPLayers(n_hybrid, d, r.num("intermediate_size"), gated=True),
+            LinearLayers(n_hybrid, d, d),
+        ]
+    )
 
 
 def _nemotron_h(r: ConfigReader) -> list[LayerGroup]:
     pattern = r.cfg.get("hybrid_override_pattern")
-    aliases = {"M": "m", "*": "a", "-": "f", "E": "e", "mamba": "m", "linear_attention": "m",
-               "attention": "a", "full_attention": "a", "mlp": "f", "moe": "e"}
+    aliases = {
+        "M": "m",
+        "*": "a",
+        "-": "f",
+        "E": "e",
+        "mamba": "m",
+        "linear_attention": "m",
+        "attention": "a",
+        "full_attention": "a",
+        "mlp": "f",
+        "moe": "e",
+    }
     if isinstance(pattern, str):
         cfg = {**r.cfg, "_pattern": list(pattern), "num_hidden_layers": len(pattern)}
         r = ConfigReader(cfg, r.where)
@@ -94,8 +119,15 @@ def _nemotron_h(r: ConfigReader) -> list[LayerGroup]:
     c = Counter(kinds)
     d = r.num("hidden_size")
     n_experts = r.opt_num("n_routed_experts")
-    m2 = mamba2(r, c["m"], r.num("mamba_num_heads"), r.num("mamba_head_dim"),
-                 d_state="ssm_state_size", n_groups="n_groups", conv="conv_kernel")
+    m2 = mamba2(
+        r,
+        c["m"],
+        r.num("mamba_num_heads"),
+        r.num("mamba_head_dim"),
+        d_state="ssm_state_size",
+        n_groups="n_groups",
+        conv="conv_kernel",
+    )
     # vLLM keeps NemotronH's SSM state in mamba_ssm_cache_dtype, float32 when unset.
     ssm_bytes = r.dtype_bytes("mamba_ssm_cache_dtype", 4)
     groups: list[LayerGroup] = [
@@ -105,51 +137,96 @@ def _nemotron_h(r: ConfigReader) -> list[LayerGroup]:
     ]
     if c["e"]:
         shared = r.opt_num("n_shared_experts") * r.opt_num("moe_shared_expert_intermediate_size")
-        groups.append(MoELayers(c["e"], d, r.num("moe_intermediate_size"), n_experts,
-                                r.num("num_experts_per_tok"), shared, gated=False))
+        groups.append(
+            MoELayers(
+                c["e"],
+                d,
+                r.num("moe_intermediate_size"),
+                n_experts,
+                r.num("num_experts_per_tok"),
+                shared,
+                gated=False,
+            )
+        )
     return keep(groups)
 
 
 def _granite(r: ConfigReader) -> list[LayerGroup]:
-    kinds = layout(r, "layer_types", {"mamba": "m", "linear_attention": "m", "attention": "a",
-                                        "full_attention": "a"})
+    kinds = layout(
+        r,
+        "layer_types",
+        {"mamba": "m", "linear_attention": "m", "attention": "a", "full_attention": "a"},
+    )
     n, d = len(kinds), r.num("hidden_size")
     n_experts = r.opt_num("num_local_experts")
     ffn: LayerGroup
     if n_experts:
-        ffn = MoELayers(n, d, r.num("intermediate_size"), n_experts, r.num("num_experts_per_tok"),
-                        r.opt_num("shared_intermediate_size"))
+        ffn = MoELayers(
+            n,
+            d,
+            r.num("intermediate_size"),
+            n_experts,
+            r.num("num_experts_per_tok"),
+            r.opt_num("shared_intermediate_size"),
+        )
     else:  # the dense Granite-4.0-H (1B, micro): one MLP of shared_intermediate_size
         ffn = MLPLayers(n, d, r.num("shared_intermediate_size"))
-    return keep([
-        mamba2(r, kinds.count("m"), r.num("mamba_n_heads"), r.num("mamba_d_head"),
-                d_state="mamba_d_state", n_groups="mamba_n_groups", conv="mamba_d_conv"),
-        attention(r, kinds.count("a")),
-        ffn,
-    ])
+    return keep(
+        [
+            mamba2(
+                r,
+                kinds.count("m"),
+                r.num("mamba_n_heads"),
+                r.num("mamba_d_head"),
+                d_state="mamba_d_state",
+                n_groups="mamba_n_groups",
+                conv="mamba_d_conv",
+            ),
+            attention(r, kinds.count("a")),
+            ffn,
+        ]
+    )
 
 
 def _falcon_h1(r: ConfigReader) -> list[LayerGroup]:
     n, d = r.num("num_hidden_layers"), r.num("hidden_size")
     heads = r.num("mamba_n_heads")
     d_ssm = r.opt_num("mamba_d_ssm", 0) or r.num("mamba_expand", 2) * d
-    return keep([
-        mamba2(r, n, heads, d_ssm // heads, d_state="mamba_d_state", n_groups="mamba_n_groups",
-                conv="mamba_d_conv"),
-        attention(r, n),
-        MLPLayers(n, d, r.num("intermediate_size")),
-    ])
+    return keep(
+        [
+            mamba2(
+                r,
+                n,
+                heads,
+                d_ssm // heads,
+                d_state="mamba_d_state",
+                n_groups="mamba_n_groups",
+                conv="mamba_d_conv",
+            ),
+            attention(r, n),
+            MLPLayers(n, d, r.num("intermediate_size")),
+        ]
+    )
 
 
 def _bamba(r: ConfigReader) -> list[LayerGroup]:
     n, d = r.num("num_hidden_layers"), r.num("hidden_size")
     n_att = len(r.seq("attn_layer_indices") or [])
-    return keep([
-        mamba2(r, n - n_att, r.num("mamba_n_heads"), r.num("mamba_d_head"),
-                d_state="mamba_d_state", n_groups="mamba_n_groups", conv="mamba_d_conv"),
-        attention(r, n_att),
-        MLPLayers(n, d, r.num("intermediate_size")),
-    ])
+    return keep(
+        [
+            mamba2(
+                r,
+                n - n_att,
+                r.num("mamba_n_heads"),
+                r.num("mamba_d_head"),
+                d_state="mamba_d_state",
+                n_groups="mamba_n_groups",
+                conv="mamba_d_conv",
+            ),
+            attention(r, n_att),
+            MLPLayers(n, d, r.num("intermediate_size")),
+        ]
+    )
 
 
 def _jamba(r: ConfigReader) -> list[LayerGroup]:
@@ -161,20 +238,32 @@ def _jamba(r: ConfigReader) -> list[LayerGroup]:
     dt_rank = r.cfg.get("mamba_dt_rank", "auto")
     dt = -(-d // 16) if dt_rank == "auto" else r.num("mamba_dt_rank")
     ffn = r.num("intermediate_size")
-    return keep([
-        Mamba1Layers(n - n_att, d, r.num("mamba_expand", 2) * d, r.num("mamba_d_state", 16), dt,
-                     conv_kernel=r.num("mamba_d_conv", 4)),
-        attention(r, n_att),
-        MoELayers(n_moe, d, ffn, r.num("num_experts"), r.num("num_experts_per_tok")),
-        MLPLayers(n - n_moe, d, ffn),
-    ])
+    return keep(
+        [
+            Mamba1Layers(
+                n - n_att,
+                d,
+                r.num("mamba_expand", 2) * d,
+                r.num("mamba_d_state", 16),
+                dt,
+                conv_kernel=r.num("mamba_d_conv", 4),
+            ),
+            attention(r, n_att),
+            MoELayers(n_moe, d, ffn, r.num("num_experts"), r.num("num_experts_per_tok")),
+            MLPLayers(n - n_moe, d, ffn),
+        ]
+    )
 
 
 def _gdn(r: ConfigReader, count: int, ssm_bytes: int = 2) -> GatedDeltaNetLayers:
     return GatedDeltaNetLayers(
-        count, r.num("hidden_size"), r.num("linear_num_key_heads"),
-        r.num("linear_num_value_heads"), r.num("linear_key_head_dim"),
-        r.num("linear_value_head_dim"), conv_kernel=r.num("linear_conv_kernel_dim", 4),
+        count,
+        r.num("hidden_size"),
+        r.num("linear_num_key_heads"),
+        r.num("linear_num_value_heads"),
+        r.num("linear_key_head_dim"),
+        r.num("linear_value_head_dim"),
+        conv_kernel=r.num("linear_conv_kernel_dim", 4),
         state_dtype_bytes=ssm_bytes,
     )
 
@@ -198,9 +287,16 @@ def _qwen3_next(r: ConfigReader) -> list[LayerGroup]:
         attention(r, kinds.count("a"), q_gate=True),  # q_proj doubles as the output gate
     ]
     if n_moe:
-        groups.append(MoELayers(n_moe, d, r.num("moe_intermediate_size"), n_experts,
-                                r.num("num_experts_per_tok"),
-                                r.opt_num("shared_expert_intermediate_size")))
+        groups.append(
+            MoELayers(
+                n_moe,
+                d,
+                r.num("moe_intermediate_size"),
+                n_experts,
+                r.num("num_experts_per_tok"),
+                r.opt_num("shared_expert_intermediate_size"),
+            )
+        )
     if n - n_moe:
         groups.append(MLPLayers(n - n_moe, d, r.num("intermediate_size")))
     return keep(groups)
@@ -208,11 +304,13 @@ def _qwen3_next(r: ConfigReader) -> list[LayerGroup]:
 
 def _olmo_hybrid(r: ConfigReader) -> list[LayerGroup]:
     kinds = layout(r, "layer_types", _GDN_KINDS)
-    return keep([
-        _gdn(r, kinds.count("g")),
-        attention(r, kinds.count("a")),
-        MLPLayers(len(kinds), r.num("hidden_size"), r.num("intermediate_size")),
-    ])
+    return keep(
+        [
+            _gdn(r, kinds.count("g")),
+            attention(r, kinds.count("a")),
+            MLPLayers(len(kinds), r.num("hidden_size"), r.num("intermediate_size")),
+        ]
+    )
 
 
 def _lfm2_layout(r: ConfigReader) -> list[str]:
@@ -241,14 +339,22 @@ def _lfm2_ffn(r: ConfigReader) -> int:
 def _lfm2(r: ConfigReader) -> list[LayerGroup]:
     kinds = _lfm2_layout(r)
     n, d = len(kinds), r.num("hidden_size")
-    conv = ShortConvLayers(kinds.count("c"), d, r.opt_num("conv_dim", d),
-                           conv_kernel=r.num("conv_L_cache", 3))
+    conv = ShortConvLayers(
+        kinds.count("c"), d, r.opt_num("conv_dim", d), conv_kernel=r.num("conv_L_cache", 3)
+    )
     groups: list[LayerGroup] = [conv, attention(r, kinds.count("a"))]
     if r.cfg.get("model_type") == "lfm2_moe":
         dense = min(r.num("num_dense_layers", 2), n)
-        groups += [MLPLayers(dense, d, r.num("intermediate_size")),
-                   MoELayers(n - dense, d, r.num("moe_intermediate_size"), r.num("num_experts"),
-                             r.num("num_experts_per_tok"))]
+        groups += [
+            MLPLayers(dense, d, r.num("intermediate_size")),
+            MoELayers(
+                n - dense,
+                d,
+                r.num("moe_intermediate_size"),
+                r.num("num_experts"),
+                r.num("num_experts_per_tok"),
+            ),
+        ]
     else:
         groups.append(MLPLayers(n, d, _lfm2_ffn(r)))
     return keep(groups)
@@ -277,16 +383,37 @@ def _kimi_linear(r: ConfigReader) -> list[LayerGroup]:
     kernel = lr.opt_num("short_conv_kernel_size", 0) or r.num("linear_conv_kernel_dim", 4)
     moe_ffn = r.num("moe_intermediate_size")
     experts_per_tok = r.opt_num("num_experts_per_token", 0) or r.num("num_experts_per_tok")
-    return keep([
-        KimiDeltaLayers(kinds.count("g"), d, heads, head_dim, conv_kernel=kernel,
-                        state_dtype_bytes=r.dtype_bytes("mamba_ssm_cache_dtype", 4)),
-        MLALayers(kinds.count("a"), d, r.num("num_attention_heads"), r.num("kv_lora_rank"),
-                  r.num("qk_nope_head_dim"), r.num("qk_rope_head_dim"), r.num("v_head_dim"),
-                  q_lora_rank=r.opt_num("q_lora_rank")),
-        MLPLayers(n_dense, d, r.num("intermediate_size")),
-        MoELayers(n - n_dense, d, moe_ffn, r.num("num_experts"), experts_per_tok,
-                  r.opt_num("num_shared_experts") * moe_ffn),
-    ])
+    return keep(
+        [
+            KimiDeltaLayers(
+                kinds.count("g"),
+                d,
+                heads,
+                head_dim,
+                conv_kernel=kernel,
+                state_dtype_bytes=r.dtype_bytes("mamba_ssm_cache_dtype", 4),
+            ),
+            MLALayers(
+                kinds.count("a"),
+                d,
+                r.num("num_attention_heads"),
+                r.num("kv_lora_rank"),
+                r.num("qk_nope_head_dim"),
+                r.num("qk_rope_head_dim"),
+                r.num("v_head_dim"),
+                q_lora_rank=r.opt_num("q_lora_rank"),
+            ),
+            MLPLayers(n_dense, d, r.num("intermediate_size")),
+            MoELayers(
+                n - n_dense,
+                d,
+                moe_ffn,
+                r.num("num_experts"),
+                experts_per_tok,
+                r.opt_num("num_shared_experts") * moe_ffn,
+            ),
+        ]
+    )
 
 
 FAMILIES: dict[str, Callable[[ConfigReader], list[LayerGroup]]] = {
