@@ -751,3 +751,31 @@ def test_only_the_first_lookahead_paths_count() -> None:
     mirror.lookahead = lambda: paths("x", "y", "ab")  # "ab" is third in the queue
     mirror.lookahead_paths = 2
     assert set(pool.evict(1)) & set(old.values())
+
+
+def test_shared_tokens_finds_the_junction_inside_a_cached_span() -> None:
+    """Chained per-unit keys (unit 1 token, blocks of B = 4): a block cached with its units
+    tells a later request how far into it the two agree."""
+    mirror = make()
+    ours = ["a1", "a2", "a3", "a4", "b1", "b2", "b3", "b4"]  # chained keys, one per token
+    mirror.add(0, "a4", KV, B, None, units=(ours, 0))
+    mirror.add(1, "b4", KV, 2 * B, "a4", units=(ours, B))
+    mirror.add(2, "x4", KV, 2 * B, "a4")  # no units: never compared
+    mirror.check_integrity()
+    theirs = ["a1", "a2", "a3", "a4", "b1", "b2", "c3", "c4"]  # diverges after 6 tokens
+    assert mirror.shared_tokens("a4", theirs, B, 1) == 2
+    assert mirror.shared_tokens("a4", theirs, B, 1, limit=5) == 1
+    assert mirror.shared_tokens(None, theirs, 0, 1) == 4
+    assert mirror.shared_tokens("a4", ["a1", "a2", "a3", "a4", "z1"], B, 1) == 0
+    assert mirror.shared_tokens("nothing", theirs, B, 1) == 0
+
+
+def test_an_exact_junction_is_a_stop_only_past_vllms_and_worth_a_chunk() -> None:
+    from vllm_hybrid.core import exact_junction_stop
+    from vllm_hybrid.core.policy import MIN_JUNCTION_GAIN_TOKENS as GAIN
+
+    assert exact_junction_stop(0, 600, 512) == 600
+    assert exact_junction_stop(0, 512, 512) == 0  # vLLM stops there itself
+    assert exact_junction_stop(637, 641, 0) == 0  # a next turn: a few tokens, no chunk
+    assert exact_junction_stop(100, 100 + GAIN, 0) == 100 + GAIN
+    assert exact_junction_stop(100, 99 + GAIN, 0) == 0

@@ -351,14 +351,17 @@ def test_next_turn_resumes_at_exactly_the_end_of_the_answer(client):
         assert got.choices[0].text == fresh.choices[0].text
 
 
-def test_without_breakpoint_the_second_conversation_misses(client):
+def test_without_a_mark_the_server_marks_where_the_system_prompt_ends(client, server):
+    """No cache_control: the server's own breakpoint after the system prompt and the next
+    message's role header (system_breakpoint, on by default). vLLM alone: 0 on the second
+    conversation (no state where the two diverge)."""
     cached, _, _ = chat(client, [system(21, False), user(1)])
-    cached_again, _, hybrid = chat(
-        client, [system(21, False), user(2)], vllm_xargs={"cache_report": 1}
-    )
-    assert (cached, cached_again) == (0, 0)
-    report = hybrid["cache_report"]
-    assert report["reason"] == "no_snapshot" and report["cached_kv_tokens"] > 0
+    cached_again, _, _ = chat(client, [system(21, False), user(2)])
+    system_tokens = count_tokens(server, [system(21, False)])
+    header = count_tokens(server, [system(21, False), {"role": "user", "content": ""}])
+    assert cached == 0
+    # at the end of the system prompt, plus the part of the user header the two share
+    assert system_tokens < cached_again < header
 
 
 def test_outputs_with_breakpoints_equal_uncached(client, server):

@@ -152,6 +152,23 @@ def test_a_sibling_prompt_resumes_at_the_last_block_boundary(llm):
         assert list(fresh.outputs[0].token_ids) == list(out.outputs[0].token_ids)
 
 
+def test_a_shared_prefix_ending_inside_a_block_is_kept_exactly_once_revealed(llm):
+    """Three prompts sharing their first 600 tokens (inside the 5th block), 60 tokens each
+    after it. None can hit on the first reuse (no state below 600 was kept). The second
+    reveals the junction: vLLM stops it at the block below (512); at U = 1 the index finds the
+    exact junction inside the first prompt's block (PrefixIndex.shared_tokens), so the third
+    resumes at 600. Outputs equal from-scratch outputs."""
+    rng = random.Random(17)
+    shared = [rng.randrange(10, 1000) for _ in range(600)]
+    tails = [[rng.randrange(10, 1000) for _ in range(60)] for _ in range(3)]
+    got = [_generate(llm, shared + t) for t in tails]
+    want = [0, 0, 600] if llm.unit == 1 else [0, 0, 512]
+    assert [o.num_cached_tokens for o in got] == want
+    for t, out in zip(tails, got, strict=True):
+        fresh = _generate(llm, shared + t, salt=uuid.uuid4().hex)
+        assert list(fresh.outputs[0].token_ids) == list(out.outputs[0].token_ids)
+
+
 def test_the_policy_decides_where_the_end_state_goes():
     """``core/policy.py::output_state_position`` (no engine): the end of the output, floored
     to the match unit and past the prompt, where the policy's admission keeps it."""

@@ -55,6 +55,8 @@ from vllm_hybrid.core.policy import (
     AdmissionPolicy,
     AdmitContext,
     EvictionPolicy,
+    exact_junction_stop,
+    optional_snapshots_fit,
     output_state_position,
     prompt_floor_stop,
 )
@@ -137,6 +139,8 @@ __all__ = [
     "host_slots",
     "load_shape",
     "merge_breakpoints",
+    "exact_junction_stop",
+    "optional_snapshots_fit",
     "output_state_position",
     "prompt_floor_stop",
     "periodic_interval",

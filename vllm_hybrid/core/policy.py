@@ -146,3 +146,38 @@ def prompt_floor_stop(
     floor = (prompt_tokens - 1) // block_tokens * block_tokens
     exact = (prompt_tokens - 1) // unit_tokens * unit_tokens
     return floor if floor - hit_tokens >= block_tokens and floor < exact else 0
+
+
+#: The fewest tokens an exact (sub-block) junction must lie past a request's hit to be worth a
+#: chunk ending there (``exact_junction_stop``): a next turn whose answer re-renders a few
+#: tokens alike would otherwise pay a step for a state no sibling needs.
+MIN_JUNCTION_GAIN_TOKENS = 64
+
+
+def exact_junction_stop(hit_tokens: int, junction_tokens: int, vllm_junction: int) -> int:
+    """The exact junction to end a chunk at (and keep a state), or 0: where the request
+    diverges from a cached prompt inside a block (an engine's index finds it, vLLM's lookup
+    floors it to the block or to a registered prompt tail), when it lies past vLLM's own
+    junction and at least :data:`MIN_JUNCTION_GAIN_TOKENS` past the hit."""
+    if junction_tokens <= vllm_junction or junction_tokens - hit_tokens < MIN_JUNCTION_GAIN_TOKENS:
+        return 0
+    return junction_tokens
+
+
+#: Optional snapshots (``prompt_floor_stop``, ``exact_junction_stop``) are taken only where the
+#: pool holds at least this many requests of the same size with their states: on a pool
+#: barely larger than what is running, one more snapshot per request evicts what the next
+#: waiting request was about to hit (measured: an 18-page pool, two prompts of 300-340 tokens
+#: run twice, hits 256, 256 at the block unit and 0, 0 with the optional stops).
+OPTIONAL_SNAPSHOT_POOL_REQUESTS = 4
+
+
+def optional_snapshots_fit(
+    prompt_tokens: int, block_tokens: int, kv_groups: int, state_groups: int, pool_pages: int
+) -> bool:
+    """Whether the pool is roomy enough for a request's optional snapshots: its KV pages and
+    three states (the running one, the prompt's own, one optional), times
+    :data:`OPTIONAL_SNAPSHOT_POOL_REQUESTS`, fit in ``pool_pages``."""
+    blocks = -(-prompt_tokens // block_tokens)
+    pages = blocks * kv_groups + 3 * state_groups
+    return OPTIONAL_SNAPSHOT_POOL_REQUESTS * pages <= pool_pages

@@ -96,23 +96,42 @@ class HybridBlockPool(HookedBlockPool):
         group = state.group_of.get(key[-4:])
         if group is None:
             group = get_group_id(key)
-        newly_cached = state.mirror.add(
+        mirror = state.mirror
+        b, unit = mirror.block_tokens, self.hash_block_size
+        parent_end = num_tokens - b if num_tokens % b == 0 else num_tokens // b * b
+        hashes = request.block_hashes
+        parent = hashes[parent_end // unit - 1] if parent_end > 0 else None
+        # Below the block, the request's per-unit keys inside the span, for the exact junction
+        # of a later request (PrefixIndex.shared_tokens; held by reference, not copied).
+        units = (hashes, parent_end // unit) if unit < b and group in mirror.kv_groups else None
+        newly_cached = mirror.add(
             block.block_id,
             get_block_hash(key),
             group,
             num_tokens,
-            self._hy_parent_key(request, num_tokens),
+            parent,
             state.origin.get(request.request_id, -1),
+            units,
         )
         if newly_cached:
             state.pages.on_cached(group)
 
-    def _hy_parent_key(self, request: Any, end: int) -> Any:
-        b = self.hybrid.mirror.block_tokens
-        parent_end = end - b if end % b == 0 else end // b * b
-        if parent_end <= 0:
-            return None
-        return request.block_hashes[parent_end // self.hash_block_size - 1]
+    def hy_exact_junction(self, request: Any, kv_tokens: int) -> int:
+        """Where ``request`` diverges from what the pool caches, at the match unit: vLLM's
+        lookup finds the cached KV up to ``kv_tokens`` (whole blocks and registered partial
+        entries), and the request may share more of a cached block's span past that
+        (``PrefixIndex.shared_tokens`` over the block's per-unit keys). At most the last
+        token a hit may cover (``num_tokens - 1``). ``kv_tokens`` where the unit is the block."""
+        mirror, unit = self.hybrid.mirror, self.hash_block_size
+        b = mirror.block_tokens
+        if unit >= b:
+            return kv_tokens
+        start = kv_tokens // b * b
+        hashes = request.block_hashes
+        limit = min(len(hashes), (request.num_tokens - 1) // unit)
+        parent = hashes[start // unit - 1] if start > 0 else None
+        shared = mirror.shared_tokens(parent, hashes, start // unit, unit, limit)
+        return max(kv_tokens, start + shared)
 
     def on_hashes_removed(self, block: KVCacheBlock, removed: list[BlockHashWithGroupId]) -> None:
         state = self.hybrid

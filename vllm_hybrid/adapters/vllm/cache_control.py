@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,7 +52,9 @@ from vllm_hybrid.core import (
     PinLedger,
     ReuseHistory,
     effective_breakpoints,
+    exact_junction_stop,
     hit_position,
+    optional_snapshots_fit,
     prompt_floor_stop,
 )
 
@@ -106,10 +109,12 @@ class CacheControl:
         #: while a sub-block stop is pending, since vLLM asks for every running request at
         #: every step. The scheduler starts with vLLM's split bound (``skip_split_hook``).
         self._split_hooked = False
-        #: Keep a state at each prompt's last block boundary too when hits land below the
-        #: block (``core.prompt_floor_stop``): set by the scheduler where the core is in charge
-        #: (never under ``policy: stock``, which stays vLLM's).
-        self.keep_prompt_floor = False
+        #: Where the core is in charge (never under ``policy: stock``, which stays vLLM's) and
+        #: hits land below the block, the scheduler sets this to the pool's
+        #: ``hy_exact_junction``: requests then also end a chunk, and keep a state, at their
+        #: exact junction (``core.exact_junction_stop``) and at their prompt's last block
+        #: boundary (``core.prompt_floor_stop``).
+        self.exact_junction: Callable[[Any, int], int] | None = None
         #: Ids of the requests whose ``shared_prefix_boundary`` is one of our sub-block stops,
         #: to be ended at exactly (``compat.SchedulerHooks``, on vLLM's chunk split, which asks
         #: for every running request at every step): the pending set itself, or empty for good
@@ -122,6 +127,9 @@ class CacheControl:
             filter(is_full_attention, scheduler.kv_cache_manager.coordinator.single_type_managers)
         )
         self.breakpoint_stops = 0  # breakpoints that moved a chunk end (metrics)
+        managers = scheduler.kv_cache_manager.coordinator.single_type_managers
+        self._state_groups = len(managers) - len(self._kv_managers)
+        self._pool_pages = int(pool.num_gpu_blocks)
 
     # ------------------------------------------------------------------ lookup and stops
     def _state(self, request: Any) -> _Request | None:
@@ -148,13 +156,28 @@ class CacheControl:
         """The ``shared_prefix_boundary`` the request runs with (vLLM's ``junction`` unless it
         has breakpoints past the hit)."""
         state = self._state(request)
-        floor = 0
-        if self.keep_prompt_floor:
+        floor = exact = 0
+        if (
+            self.exact_junction is not None
+            and self.stop_tokens < self.block_tokens
+            and optional_snapshots_fit(
+                request.num_prompt_tokens,
+                self.block_tokens,
+                len(self._kv_managers),
+                self._state_groups,
+                self._pool_pages,
+            )
+        ):
             floor = prompt_floor_stop(
                 request.num_prompt_tokens, hit_tokens, self.block_tokens, self.stop_tokens
             )
+            exact = exact_junction_stop(
+                hit_tokens,
+                self.exact_junction(request, max(hit_tokens, junction)),
+                hit_position(junction, self.stop_tokens),
+            )
         if state is None:
-            if not floor:
+            if not floor and not exact:
                 return junction
             state = self.requests[request.request_id] = _Request(CacheOptions())
         state.vllm_junction = junction
@@ -170,6 +193,8 @@ class CacheControl:
             stops.add(hit_position(junction, unit))
             if floor:
                 stops.add(floor)  # the prompt's last block boundary (prompt_floor_stop)
+            if exact:
+                stops.add(exact)  # where it diverges inside a block (exact_junction_stop)
             stops = {p for p in stops if p > hit_tokens}
         else:
             stops = {p for p in state.applied if hit_position(p, unit) > hit_tokens}

@@ -208,7 +208,7 @@ class _HybridMixin(SchedulerHooks):
             self.hy_output = OutputStates.install(self, state.mirror.policy, sub_block=sub_block)
             state.extra_totals = [x.totals for x in (control, self.hy_output) if x is not None]
             if control is not None:
-                control.keep_prompt_floor = True
+                control.exact_junction = self.hybrid_pool.hy_exact_junction
         # vLLM's split itself, bound on the instance, so the hook costs nothing while no
         # sub-block stop is pending (vLLM calls it for every running request at every step;
         # ~1.5% of a 256-request step in bench_scheduler.py); the cache control puts the hook

@@ -38,6 +38,10 @@ class Entry:
     live: bool = False
     used: int = 0
     used_state: int = 0
+    #: The chained keys of the request that cached it, one per match unit, and the index in
+    #: them of the unit this entry's span starts after (``PageMap.add(units=...)``): what
+    #: :meth:`LiveTrie.shared_tokens` compares a later request's keys with inside the span.
+    units: tuple[Sequence[Hashable], int] | None = None
 
 
 @dataclass

@@ -11,7 +11,7 @@ the live trie's ``refs`` (``trie.py``).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 
 from vllm_hybrid.core.index._base import Entry, IndexFields, IsFree, PageKey
 from vllm_hybrid.core.node import Node
@@ -28,9 +28,12 @@ class PageMap(IndexFields):
         end_tokens: int,
         parent_key: Hashable | None,
         origin: int = -1,
+        units: tuple[Sequence[Hashable], int] | None = None,
     ) -> bool:
         """The engine cached ``page`` under ``(key, group)``; ``key`` ends at ``end_tokens``.
         ``origin``: the index of the request that computed it (``Node.origin``), if known.
+        ``units``: the request's chained keys per match unit and the index of the first unit
+        inside this entry's span (kept for :meth:`LiveTrie.shared_tokens`).
         Returns True if ``page`` held nothing before (it is newly cached)."""
         is_state = self._is_state.get(group)
         if is_state is None:
@@ -46,6 +49,8 @@ class PageMap(IndexFields):
         if entry is None:
             entry = self._new_entry(key, end_tokens, parent_key)
             entry.node.origin = origin
+        if units is not None and entry.units is None:
+            entry.units = units
         newly_cached = page not in self._page_keys
         if self._link(page, key, group, entry):
             self._group_added(entry, group)

@@ -38,6 +38,42 @@ class LiveTrie(IndexFields):
     def __len__(self) -> int:
         return len(self._entries)
 
+    def shared_tokens(
+        self,
+        parent_key: Hashable | None,
+        keys: Sequence[Hashable],
+        first: int,
+        unit: int,
+        limit: int | None = None,
+    ) -> int:
+        """How many tokens past ``parent_key``'s end a request with chained keys ``keys`` (one
+        per ``unit`` tokens; ``keys[first]`` ends the first unit past the parent) shares with
+        some entry cached under it: the exact junction inside a block, where vLLM's lookup only
+        sees whole blocks and prompt tails. Entries added without ``units`` are not compared.
+        Chained keys make the match a prefix (equal at ``k`` means equal below ``k``), so each
+        child costs a binary search. ``limit``: compare ``keys[:limit]`` only."""
+        best = 0
+        end = len(keys) if limit is None else min(limit, len(keys))
+        for child_key in self._kids.get(parent_key, ()):
+            entry = self._entries.get(child_key)
+            if entry is None or entry.units is None:
+                continue
+            theirs, start = entry.units
+            node = entry.node
+            n = min((node.end_tokens - node.start_tokens) // unit, len(theirs) - start)
+            n = min(n, end - first)
+            if n <= best // unit:
+                continue
+            lo, hi = 0, n  # keys[first + i] == theirs[start + i] for every i < lo
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if keys[first + mid - 1] == theirs[start + mid - 1]:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            best = max(best, lo * unit)
+        return best
+
     def match(
         self,
         block_hashes: Sequence[Hashable],
