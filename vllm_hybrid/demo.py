@@ -93,20 +93,37 @@ def stop_server(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def chat(client: Any, turns: list[str], max_tokens: int = 24) -> list[tuple[int, int, float]]:
-    """One conversation; returns (prompt tokens, cached tokens, seconds) per turn."""
+def chat(
+    client: Any, turns: list[str], seen: list[list[int]], max_tokens: int = 24
+) -> list[tuple[int, int, int, float]]:
+    """One conversation; returns (prompt tokens, cached tokens, exact resume, seconds) per
+    turn. ``exact``: what a cache keeping every state could serve, the longest common prefix
+    with an earlier prompt + its generated tokens (``seen``, from the server's
+    ``return_token_ids``), at most the prompt minus its last token (always recomputed)."""
+    from vllm_hybrid.core import common_prefix_tokens
+
     messages: list[dict[str, str]] = [{"role": "system", "content": SYSTEM_PROMPT}]
     rows = []
     for question in turns:
         messages.append({"role": "user", "content": question})
         start = time.perf_counter()
         reply = client.chat.completions.create(
-            model="tiny", messages=messages, max_tokens=max_tokens, temperature=0.0
+            model="tiny",
+            messages=messages,
+            max_tokens=max_tokens,
+            temperature=0.0,
+            extra_body={"return_token_ids": True},
         )
         elapsed = time.perf_counter() - start
         usage = reply.usage
         details = usage.prompt_tokens_details
-        rows.append((usage.prompt_tokens, details.cached_tokens if details else 0, elapsed))
+        prompt_ids = list(getattr(reply, "prompt_token_ids", None) or [])
+        output_ids = list(getattr(reply.choices[0], "token_ids", None) or [])
+        lcp = max((common_prefix_tokens(prompt_ids, s) for s in seen), default=0)
+        exact = min(lcp, usage.prompt_tokens - 1)
+        seen.append(prompt_ids + output_ids)
+        cached = details.cached_tokens if details else 0
+        rows.append((usage.prompt_tokens, cached or 0, exact, elapsed))
         messages.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
     return rows
 
@@ -124,10 +141,22 @@ def run_demo(arch: str = "zamba2", workdir: str = "models", port: int = 0) -> in
     try:
         wait_ready(proc, port, log_path)
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
-        print(f"{'conversation':>12} {'turn':>4} {'prompt':>7} {'cached':>7} {'seconds':>8}")
+        print(
+            f"{'conversation':>12} {'turn':>4} {'prompt':>7} {'cached':>7} {'exact':>7} "
+            f"{'seconds':>8}"
+        )
+        seen: list[list[int]] = []
         for name, turns in (("first", QUESTIONS), ("second", QUESTIONS[2:4])):
-            for turn, (prompt, cached, secs) in enumerate(chat(client, turns), start=1):
-                print(f"{name:>12} {turn:>4} {prompt:>7} {cached:>7} {secs:>8.2f}", flush=True)
+            rows = chat(client, turns, seen)
+            for turn, (prompt, cached, exact, secs) in enumerate(rows, start=1):
+                print(
+                    f"{name:>12} {turn:>4} {prompt:>7} {cached:>7} {exact:>7} {secs:>8.2f}",
+                    flush=True,
+                )
+        print(
+            "[demo] cached: prompt tokens served from cache; exact: the longest common prefix "
+            "with an earlier prompt + answer (at most prompt - 1)"
+        )
     finally:
         stop_server(proc)
     return 0
