@@ -39,6 +39,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from vllm_hybrid.core import common_prefix_tokens  # noqa: E402
+from vllm_hybrid.demo import stop_server  # noqa: E402
+
 LLAMA = ROOT / ".llama" / "llama.cpp"
 SCENARIOS = ("chat", "interleaved", "document")
 
@@ -160,7 +165,7 @@ def run_scenario(name: str, server: str, port: int, args: argparse.Namespace) ->
         prompt = history.get(conversation, []) + new
         cached, ttft, out = ask(port, prompt, args.tokens, True)
         _, cold_ttft, cold = ask(port, prompt, args.tokens, False)
-        lcp = max((_common(prompt, s) for s in seen), default=0)
+        lcp = max((common_prefix_tokens(prompt, s) for s in seen), default=0)
         counts[conversation] = counts.get(conversation, 0) + 1
         turns.append(
             Turn(
@@ -179,14 +184,6 @@ def run_scenario(name: str, server: str, port: int, args: argparse.Namespace) ->
         if name != "document":
             history[conversation] = prompt + out
     return turns
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 # ------------------------------------------------------------------------------ servers
@@ -224,15 +221,6 @@ def start_server(server: str, model_dir: Path, gguf: Path, port: int, out: Path)
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
     wait_http(health, proc, log)
     return proc
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def convert(model_dir: Path, gguf: Path) -> None:
@@ -323,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 result.turns += run_scenario(name, result.server, args.port, args)
             finally:
-                stop(proc)
+                stop_server(proc)
     print_tables(results)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
