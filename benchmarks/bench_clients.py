@@ -349,7 +349,10 @@ def run_server(args: argparse.Namespace, config: str, pool: tuple[str, int, floa
     env.update({"VLLM_CPU_KVCACHE_SPACE": str(args.kv_space), "VLLM_SERVER_DEV_MODE": "1"})
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.code, env.get("PYTHONPATH")]))
     command = server_command(args.python, args.model, port, config, blocks, args.max_len)
-    server = Server(command, env, out / f"server-{tag}.log", port, cwd=Path(args.code))
+    # one log per server start: a later run of the same pool and configuration (other
+    # clients) must not overwrite it
+    log = out / f"server-{tag}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    server = Server(command, env, log, port, cwd=Path(args.code))
     commit_file = Path(args.code) / "COMMIT"
     code = commit_file.read_text().strip() if commit_file.exists() else args.code
     rows = []
