@@ -69,7 +69,7 @@ def test_shared_prefix_keys_match_across_block_sizes() -> None:
     assert ka.probe(2, 2) == ka.tail_key
 
 
-@pytest.mark.parametrize("name", sorted(GENERATORS))
+@pytest.mark.parametrize("name", sorted(set(GENERATORS) - {"prefix"}))
 def test_generators_are_seeded_and_extend_sessions(name) -> None:
     one, two = GENERATORS[name](seed=3), GENERATORS[name](seed=3)
     assert one == two and one != GENERATORS[name](seed=4)
@@ -77,6 +77,20 @@ def test_generators_are_seeded_and_extend_sessions(name) -> None:
     # some request's content starts with an earlier request's whole content (a later turn)
     firsts = {r.segments for r in one}
     assert any(r.segments[:-2] in firsts for r in one)
+
+
+def test_prefix_generator_is_vllms_prefix_repetition() -> None:
+    reqs = GENERATORS["prefix"](seed=3)
+    assert reqs == GENERATORS["prefix"](seed=3) != GENERATORS["prefix"](seed=4)
+    assert len(reqs) == 128 and all(r.prompt_tokens == 1152 for r in reqs)
+    assert all(x.arrival_ms <= y.arrival_ms for x, y in zip(reqs, reqs[1:], strict=False))
+    by_prefix: dict[tuple[int, int], set] = {}
+    for r in reqs:
+        assert r.output_tokens == 16 and not r.exact_end
+        by_prefix.setdefault(r.segments[0], set()).add(r.segments[1])
+    # 16 prefixes of 1,024 tokens, 8 distinct suffixes each, shuffled (not grouped)
+    assert len(by_prefix) == 16 and all(len(s) == 8 for s in by_prefix.values())
+    assert [r.segments[0] for r in reqs[:8]] != [reqs[0].segments[0]] * 8
 
 
 def test_cli_runs_and_writes_json(tmp_path, capsys) -> None:

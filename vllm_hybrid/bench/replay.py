@@ -57,7 +57,9 @@ def add_replay_parser(subparsers: Any) -> argparse.ArgumentParser:
         "fresh engine per policy (or a running server with --url), and print token hit rate, "
         "prefill tokens computed, TTFT p50/p95 and throughput side by side.",
     )
-    p.add_argument("--trace", required=True, help="Mooncake JSONL PATH or gen:chat|docqa|agent")
+    p.add_argument(
+        "--trace", required=True, help="Mooncake JSONL PATH or gen:chat|docqa|agent|prefix"
+    )
     p.add_argument("--model", help="model directory (offline mode; required without --url)")
     p.add_argument(
         "--policies", default="stock,ours", help=f"comma-separated: {', '.join(known_policies())}"

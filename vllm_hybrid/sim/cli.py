@@ -36,8 +36,8 @@ def add_simulate_parser(subparsers: Any) -> argparse.ArgumentParser:
         "simulate",
         help="replay a trace against hybrid prefix-cache policies",
         description="Replay a Mooncake JSONL trace or a generated workload (gen:chat, "
-        "gen:docqa, gen:agent) against each policy at each budget, with the infinite-cache "
-        "bound and a clairvoyant Belady reference.",
+        "gen:docqa, gen:agent, gen:prefix) against each policy at each budget, with the "
+        "infinite-cache bound and a clairvoyant Belady reference.",
     )
     p.add_argument("--trace", required=True, help="PATH to a Mooncake JSONL trace or gen:NAME")
     p.add_argument(

@@ -1,4 +1,4 @@
-"""Seeded synthetic workloads: ``chat``, ``docqa`` and ``agent``.
+"""Seeded synthetic workloads: ``chat``, ``docqa``, ``agent`` and ``prefix``.
 
 Each generator returns requests sorted by arrival, deterministic for a given seed. Content is
 described by segments (see :mod:`vllm_hybrid.sim.trace`); a later turn of a session repeats the
@@ -95,8 +95,37 @@ def gen_agent(n_sessions: int = 150, seed: int = 0) -> list[SimRequest]:
     return sorted(reqs, key=lambda r: r.arrival_ms)
 
 
+def gen_prefix(
+    n_requests: int = 128,
+    seed: int = 0,
+    prefixes: int = 16,
+    prefix_tokens: int = 1024,
+    suffix_tokens: int = 128,
+    output_tokens: int = 16,
+    mean_gap_ms: float = 3333.0,
+) -> list[SimRequest]:
+    """vLLM's ``bench serve --dataset-name prefix_repetition`` (``PrefixRepetitionRandomDataset``
+    in ``vllm/benchmarks/datasets/datasets.py``): ``n_requests // prefixes`` prompts per prefix,
+    each the prefix plus its own suffix, shuffled; Poisson arrivals (0.3 req/s by default, as in
+    issue 24's runs). Outputs are never part of a later prompt."""
+    rng, ids = random.Random(seed), _Ids()
+    reqs = []
+    for _ in range(prefixes):
+        prefix = (ids.new(), prefix_tokens)
+        for _ in range(n_requests // prefixes):
+            content = (prefix, (ids.new(), suffix_tokens), (ids.new(), output_tokens))
+            reqs.append((content, prefix_tokens + suffix_tokens))
+    rng.shuffle(reqs)
+    out, t = [], 0.0
+    for content, prompt in reqs:
+        out.append(SimRequest(t, content, prompt, output_tokens, exact_end=False))
+        t += rng.expovariate(1.0 / mean_gap_ms)
+    return out
+
+
 GENERATORS: dict[str, Callable[..., list[SimRequest]]] = {
     "chat": gen_chat,
     "docqa": gen_docqa,
     "agent": gen_agent,
+    "prefix": gen_prefix,
 }
