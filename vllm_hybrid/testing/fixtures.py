@@ -36,6 +36,17 @@ ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 ENGINE_KWARGS = {"dtype": "float32", "enforce_eager": True, "max_model_len": 4096}
 
 
+def engine_dtype(arch: str) -> str:
+    """The dtype engine tests run ``arch`` at on CPU: float32 where vLLM's CPU backend runs
+    it, else the first dtype it runs at (bfloat16 for the GDN families)."""
+    from vllm_hybrid.testing.archs import get_arch
+
+    dtypes = get_arch(arch).cpu_dtypes
+    if not dtypes:
+        raise ValueError(f"{arch} does not run on vLLM's CPU backend: {get_arch(arch).note}")
+    return "float32" if "float32" in dtypes else dtypes[0]
+
+
 def model_cache_root(default: str | os.PathLike[str]) -> Path:
     """``$VLLM_HYBRID_MODEL_CACHE`` if set (models persist across runs), else ``default``."""
     return Path(os.environ.get("VLLM_HYBRID_MODEL_CACHE") or default)

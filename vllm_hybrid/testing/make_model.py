@@ -64,6 +64,9 @@ def make_model(arch: str, size: str = "tiny", seed: int = 0) -> PreTrainedModel:
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     shape_output_head(model, TINY_VOCAB_SIZE, range(len(SPECIAL_TOKENS)), seed)
+    post_init = get_arch(arch).post_init
+    if post_init is not None:
+        post_init(model)
     return model.eval()
 
 
@@ -85,7 +88,17 @@ def _write_build(tmp: Path, arch: str, size: str, seed: int, dtype: str) -> None
     model.to(DTYPES[dtype])
     model.config.dtype = dtype
     model.save_pretrained(tmp)
+    _keep_unknown_keys(tmp / "config.json", get_arch(arch).config_kwargs(size))
     save_tokenizer(tmp, TINY_VOCAB_SIZE)
+
+
+def _keep_unknown_keys(config_path: Path, kwargs: dict[str, Any]) -> None:
+    """Write the config keys the ``transformers`` class dropped but vLLM reads (e.g. LFM2's
+    ``conv_dim`` and ``block_dim``, present in the released checkpoints' config.json)."""
+    saved = json.loads(config_path.read_text())
+    missing = {k: v for k, v in kwargs.items() if k not in saved}
+    if missing:
+        config_path.write_text(json.dumps({**saved, **missing}, indent=2, sort_keys=True) + "\n")
 
 
 def _install(tmp: Path, out_dir: Path) -> None:

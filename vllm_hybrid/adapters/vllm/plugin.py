@@ -67,11 +67,22 @@ def hook_engine_config() -> bool:
 
     * before: with ``host_tier_gb > 0``, our host-tier connector in the args
       (``config.py::configure_host_tier``);
-    * after: a hybrid's prefix match unit, where the user set none
+    * after: a refusal for a family whose prefix-cached outputs are not exact on CPU
+      (``cpu_support.py``), then a hybrid's prefix match unit, where the user set none
       (``config.py::configure_match_unit``).
 
     Idempotent; refused on another vLLM version."""
     from vllm_hybrid.adapters.vllm.compat.patches import wrap_engine_config
-    from vllm_hybrid.adapters.vllm.config import configure_host_tier, configure_match_unit
+    from vllm_hybrid.adapters.vllm.config import configure_host_tier
 
-    return wrap_engine_config(configure_host_tier, configure_match_unit)
+    return wrap_engine_config(configure_host_tier, _after_engine_config)
+
+
+def _after_engine_config(engine_args: Any, vllm_config: Any) -> None:
+    """Refuse a family whose prefix-cached outputs are not exact on CPU
+    (``cpu_support.refuse_inexact_cpu_prefix_caching``), then set the match unit."""
+    from vllm_hybrid.adapters.vllm.config import configure_match_unit
+    from vllm_hybrid.adapters.vllm.cpu_support import refuse_inexact_cpu_prefix_caching
+
+    refuse_inexact_cpu_prefix_caching(vllm_config)
+    configure_match_unit(engine_args, vllm_config)

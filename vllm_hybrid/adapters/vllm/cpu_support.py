@@ -1,0 +1,84 @@
+"""Hybrid families whose prefix-cached outputs cannot be made exact on vLLM 0.32.0's CPU backend.
+
+The plugin refuses ``enable_prefix_caching`` for them on the CPU platform (at
+``EngineArgs.create_engine_config``, before any engine starts) instead of serving outputs that
+differ from caching off. What was measured, and which vLLM code is responsible, is in
+``docs/cpu_prefix_caching.md`` and ``docs/results/2026-12-04-new-families.md``.
+
+``VLLM_HYBRID_CPU_ALLOW_INEXACT=1`` lets such an engine start anyway (for measuring it);
+``VLLM_HYBRID_ENABLE=0`` turns the whole plugin off (stock vLLM).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+#: Set to 1 to start a refused family with prefix caching on CPU anyway.
+ENV_ALLOW_INEXACT = "VLLM_HYBRID_CPU_ALLOW_INEXACT"
+
+_GDN = (
+    "gated delta net on vLLM's CPU backend runs only in bfloat16 "
+    "(vllm/model_executor/layers/mamba/ops/cpu/gdn_attention.py::cpu_gdn_attention_core: "
+    "'CPU GDN attention requires BF16.') and keeps the recurrent and conv states in bfloat16 "
+    "between chunks (_cpu_gdn_attention_nonspec -> chunk_gated_delta_rule_cpu); align-mode "
+    "prefix caching ends prefill chunks at block boundaries "
+    "(vllm/v1/core/sched/scheduler.py, the Mamba block-aligned split), so a cached run "
+    "rounds its state at other positions than an uncached one and its greedy outputs differ "
+    "from caching off (measured on a tiny Qwen3-Next: 5 of 8 prompts, also prompts with no hit)"
+)
+_SHORT_CONV = (
+    "LFM2's short conv on vLLM's CPU backend "
+    "(vllm/model_executor/layers/mamba/short_conv.py::ShortConv.forward_native, through "
+    "ops/cpu/causal_conv1d.py::causal_conv1d_fn_cpu) gives greedy outputs that change with "
+    "how the batch is chunked even with prefix caching off (fp32, tiny LFM2: 7 of 8 prompts "
+    "differ between max_num_batched_tokens 4096 and 256) and differ from transformers fp32, "
+    "so a cached run cannot be checked exact against an uncached one"
+)
+
+#: architecture (config.json ``architectures``) -> why prefix caching is refused on CPU.
+INEXACT_ON_CPU: dict[str, str] = {
+    "Qwen3NextForCausalLM": _GDN,
+    "Qwen3_5ForCausalLM": _GDN,
+    "Qwen3_5MoeForCausalLM": _GDN,
+    "Qwen3_5ForConditionalGeneration": _GDN,
+    "Qwen3_5MoeForConditionalGeneration": _GDN,
+    "Lfm2ForCausalLM": _SHORT_CONV,
+    "Lfm2MoeForCausalLM": _SHORT_CONV,
+}
+
+
+class UnsupportedOnCPU(ValueError):
+    """Prefix caching was asked for a family that cannot be served exact on vLLM's CPU backend."""
+
+
+def refusal(architectures: list[str] | tuple[str, ...] | None) -> str | None:
+    """The refusal message for a model with these ``architectures``, or None if it may run."""
+    for arch in architectures or ():
+        reason = INEXACT_ON_CPU.get(arch)
+        if reason is not None:
+            return (
+                f"vllm-hybrid: prefix caching is not exact for {arch} on vLLM 0.32.0's CPU "
+                f"backend: {reason}. Start it with enable_prefix_caching=False "
+                f"(--no-enable-prefix-caching), or set {ENV_ALLOW_INEXACT}=1 to run it anyway."
+            )
+    return None
+
+
+def refuse_inexact_cpu_prefix_caching(vllm_config: Any) -> None:
+    """Raise :class:`UnsupportedOnCPU` for a refused family with prefix caching on the CPU
+    platform (unless ``VLLM_HYBRID_CPU_ALLOW_INEXACT=1``); nothing otherwise."""
+    cache = getattr(vllm_config, "cache_config", None)
+    model = getattr(vllm_config, "model_config", None)
+    if cache is None or model is None or not cache.enable_prefix_caching:
+        return
+    if os.environ.get(ENV_ALLOW_INEXACT, "0") == "1":
+        return
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    hf_config = getattr(model, "hf_config", None)
+    message = refusal(getattr(hf_config, "architectures", None))
+    if message is not None:
+        raise UnsupportedOnCPU(message)
