@@ -40,6 +40,9 @@ def register() -> None:
         patch_cpu_mamba2_prefix_caching()
     select_hybrid_scheduler()
     hook_engine_config()
+    from vllm_hybrid.adapters.vllm.compat.cluster import install_route_digest
+
+    install_route_digest()  # the engine core answers a cluster router (docs/cluster.md)
 
 
 def select_hybrid_scheduler() -> bool:
