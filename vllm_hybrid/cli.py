@@ -1,6 +1,8 @@
 """``vllm-hybrid``: the project's command line.
 
     vllm-hybrid serve MODEL [vLLM flags ...]   vLLM's OpenAI-compatible server, plugin active
+    vllm-hybrid serve MODEL --replicas N [--router R] [vLLM flags ...]
+                                               N replicas on Ray Serve (docs/cluster.md)
     vllm-hybrid version                        versions of vllm-hybrid, vLLM, torch, the ops
     vllm-hybrid demo                           the README demo: tiny model, server, chat
     vllm-hybrid simulate ...                   the trace simulator (see docs/policies.md)
@@ -82,6 +84,16 @@ def hybrid_settings_error(vllm_args: Sequence[str], env: Mapping[str, str]) -> s
 
 
 def cmd_serve(args: argparse.Namespace, vllm_args: Sequence[str]) -> int:
+    if args.replicas is None and args.router is not None:
+        print("vllm-hybrid serve: --router needs --replicas N", file=sys.stderr)
+        return 2
+    if args.replicas is not None:  # bad cluster options fail before the model is looked at
+        from vllm_hybrid.cluster.launch import cluster_usage_error
+
+        problem = cluster_usage_error(args)
+        if problem:
+            print(f"vllm-hybrid serve: {problem}", file=sys.stderr)
+            return 2
     looks_local = args.model.startswith(("/", ".", "~")) or os.environ.get("HF_HUB_OFFLINE") == "1"
     model_dir = os.path.expanduser(args.model)
     if looks_local and not os.path.isdir(model_dir):
@@ -99,6 +111,10 @@ def cmd_serve(args: argparse.Namespace, vllm_args: Sequence[str]) -> int:
     if error:
         print(f"vllm-hybrid serve: bad setting: {error}", file=sys.stderr)
         return 2
+    if args.replicas is not None:
+        from vllm_hybrid.cluster.launch import serve_cluster
+
+        return serve_cluster(args, vllm_args)
     command = _serve_command(args.model, vllm_args)
     os.execv(command[0], command)  # replaces this process; vLLM loads our plugin itself
     return 0  # not reached
@@ -142,6 +158,39 @@ def build_parser() -> argparse.ArgumentParser:
         description="Any flag not listed here is passed to vLLM unchanged.",
     )
     serve.add_argument("model", help="model directory (or name)")
+    cluster = serve.add_argument_group(
+        "cluster (Ray Serve; needs the cluster extra, see docs/cluster.md)"
+    )
+    cluster.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        help="run N engine replicas on Ray Serve behind one OpenAI ingress",
+    )
+    cluster.add_argument(
+        "--router",
+        default=None,
+        help="with --replicas: state (ours, the default), round-robin, least-loaded, "
+        "text-prefix, text-prefix-sglang, kv-prefix",
+    )
+    cluster.add_argument(
+        "--router-tflops",
+        type=float,
+        default=0.05,
+        help="prefill TFLOP/s of one replica, the router's time unit (CPU tiny model: 0.05)",
+    )
+    cluster.add_argument(
+        "--overload-wait-s",
+        type=float,
+        default=2.0,
+        help="a session leaves its replica when that replica's queue is this much longer",
+    )
+    cluster.add_argument(
+        "--ray-address",
+        default=None,
+        help="join this Ray cluster (auto: the one `ray start --head` started on this node; "
+        "default: $RAY_ADDRESS, else a new local one)",
+    )
     sub.add_parser("version", help="print versions")
     demo = sub.add_parser("demo", help="tiny local hybrid model, served, with a multi-turn chat")
     demo.add_argument("--arch", default="zamba2")
