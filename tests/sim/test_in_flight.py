@@ -56,7 +56,7 @@ def test_one_in_flight_is_the_old_loop(chat: list[KeyedRequest]) -> None:
     layout = PoolLayout(48, 128, 1572864, 1, 6, "zamba2")
     cost = layout.cost_model()
     budget = 48 * layout.page_bytes
-    for name in ("vllm", "flop", "marconi", "sglang", "lru-dense"):
+    for name in ("vllm", "flop", "learned", "marconi", "sglang", "lru-dense"):
         old = _stats(replay(chat, cost, POLICIES[name](cost), budget))
         new = replay(chat, cost, POLICIES[name](cost), budget, in_flight=1, running_bytes=0)
         assert _stats(new) == old, name

@@ -12,6 +12,8 @@ Baselines model real systems (see docs/policies.md for where each differs from t
 * ``marconi``   states at speculative branch points and exact ends of turns; evicts leaves and
                 single-child nodes by ``recency / window + alpha * FLOP efficiency``.
 * ``flop``      ours: GreedyDual-Size-Frequency on FLOPs saved per byte (no tuned knob).
+* ``learned``   ``flop`` with P(another hit) from an online logistic regression trained on
+                hits and ghosts of evicted states (``core/learned.py``); an option.
 
 With a host tier (``core/host_tier.py``), the baselines use it as a victim cache (what they evict
 alone is demoted); ``flop`` also ranks by it: a state that can go to the host is worth, on the
@@ -31,6 +33,7 @@ from typing import ClassVar
 from vllm_hybrid.core.belady import BeladyOracle, BeladyPolicy
 from vllm_hybrid.core.cost import CostModel
 from vllm_hybrid.core.flop import FlopPolicy
+from vllm_hybrid.core.learned import LearnedPolicy
 from vllm_hybrid.core.node import Node
 from vllm_hybrid.core.policy import AdmitContext, output_state_position
 from vllm_hybrid.core.policy_base import PolicyBase, all_positions, leaf_segment
@@ -220,7 +223,8 @@ class MarconiPolicy(PolicyBase):
 
 #: Online policies selectable by name (the reference rows are built by the simulator).
 POLICIES: dict[str, type[PolicyBase]] = {
-    p.name: p for p in (VllmPolicy, LruDensePolicy, SglangPolicy, MarconiPolicy, FlopPolicy)
+    p.name: p
+    for p in (VllmPolicy, LruDensePolicy, SglangPolicy, MarconiPolicy, FlopPolicy, LearnedPolicy)
 }
 
 __all__ = [
@@ -230,6 +234,7 @@ __all__ = [
     "EngineAdmission",
     "FlopPolicy",
     "InfinitePolicy",
+    "LearnedPolicy",
     "LruDensePolicy",
     "MarconiPolicy",
     "SglangPolicy",
