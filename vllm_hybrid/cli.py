@@ -186,6 +186,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a session leaves its replica when that replica's queue is this much longer",
     )
     cluster.add_argument(
+        "--replica-gpus",
+        type=float,
+        default=0.0,
+        help="GPUs per replica on GPU nodes: tensor x pipeline parallel size (default 0: CPU)",
+    )
+    cluster.add_argument(
         "--ray-address",
         default=None,
         help="join this Ray cluster (auto: the one `ray start --head` started on this node; "

@@ -189,3 +189,14 @@ def test_a_retracted_choice_leaves_no_credit():
     router.retract("t1")
     assert "t1" not in router.inflight
     assert router.hits(RouteRequest("x", PROMPT), first.replica)[0] == 0
+
+
+def test_a_predicted_breakpoint_state_is_credited_for_the_next_conversation():
+    router, clock = make()
+    router.update_digest("a", digest(clock))
+    router.update_digest("b", digest(clock))
+    system = PROMPT[:60]
+    first = router.choose(RouteRequest("c1", PROMPT, state_positions=(60,)), ["a", "b"])
+    other = system + tuple(range(900, 950))  # another chat, same system prompt
+    assert router.hits(RouteRequest("c2", other), first.replica)[0] == 60
+    assert router.hits(RouteRequest("c2", other), "b" if first.replica == "a" else "a")[0] == 0

@@ -112,21 +112,44 @@ class PromptTokens:
 
         self.tok = AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
 
+    def _render(self, body: dict[str, Any], messages: list[Any], generation: bool) -> list[int]:
+        ids = self.tok.apply_chat_template(
+            messages,
+            add_generation_prompt=generation,
+            tokenize=True,
+            **(body.get("chat_template_kwargs") or {}),
+        )
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return [int(t) for t in ids]
+
+    def system_breakpoint(self, body: dict[str, Any], ids: Sequence[int]) -> int | None:
+        """Where the replica's middleware puts a chat's system-prompt breakpoint (its state is
+        kept there: docs/serving.md), rendered the same way
+        (``serving/middleware.py::_system_breakpoint``), or None."""
+        from vllm_hybrid.core.breakpoints import common_prefix_tokens
+        from vllm_hybrid.serving.messages import CACHE_CONTROL, system_prompt_probe
+
+        messages = body.get("messages")
+        if not isinstance(messages, list) or CACHE_CONTROL in json.dumps(messages, default=str):
+            return None  # marked requests keep their own breakpoints
+        probe = system_prompt_probe(messages)
+        if probe is None or not ids:
+            return None
+        try:
+            head = self._render(body, probe, False)
+        except Exception:  # the template refuses the probe: the middleware adds none either
+            return None
+        position = common_prefix_tokens(head, ids)
+        return position if position > 0 else None
+
     def __call__(self, path: str, body: dict[str, Any]) -> list[int]:
         from vllm_hybrid.serving.messages import strip_cache_control
 
         try:
             if path.endswith("/chat/completions") and isinstance(body.get("messages"), list):
                 messages = strip_cache_control(body["messages"])
-                ids = self.tok.apply_chat_template(
-                    messages,
-                    add_generation_prompt=body.get("add_generation_prompt", True),
-                    tokenize=True,
-                    **(body.get("chat_template_kwargs") or {}),
-                )
-                if isinstance(ids, dict) or hasattr(ids, "keys"):
-                    ids = ids["input_ids"]
-                return [int(t) for t in ids]
+                return self._render(body, messages, body.get("add_generation_prompt", True))
             prompt = body.get("prompt")
             if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
                 return [int(t) for t in prompt]
@@ -163,12 +186,15 @@ def build_app(
     overload_wait_s: float = 2.0,
     stats_period_s: float = 0.25,
     replica_cpus: float = 0.0,
+    replica_gpus: float = 0.0,
     max_ongoing_requests: int = 64,
     served_name: str | None = None,
 ) -> Any:
     """The Serve app (module docstring). ``throughput_tflops``: the prefill FLOP/s one replica
     sustains, the router's time unit (0.05 TFLOP/s: a tiny model on a few CPU cores; say
-    ~400 on an H100-class GPU); ``stats_period_s``: how often each replica pushes its digest."""
+    ~400 on an H100-class GPU); ``stats_period_s``: how often each replica pushes its digest;
+    ``replica_gpus``: GPUs Ray reserves per replica (tensor x pipeline parallel size: vLLM's
+    workers of one replica run inside the GPUs Ray gives that replica's actor)."""
     check_cluster_options(replicas, router)
     ray_api.require_ray()
     from ray import serve
@@ -191,7 +217,7 @@ def build_app(
         name=ENGINE_NAME,
         num_replicas=replicas,
         max_ongoing_requests=max_ongoing_requests,
-        ray_actor_options={"num_cpus": replica_cpus, "runtime_env": env},
+        ray_actor_options={"num_cpus": replica_cpus, "num_gpus": replica_gpus, "runtime_env": env},
         request_router_config=ray_api.router_config(
             "vllm_hybrid.cluster.serve_router.HybridRequestRouter", router_kwargs, stats_period_s
         ),
@@ -339,11 +365,13 @@ def build_app(
                 if isinstance(parsed, dict):
                     ids = self.tokens(path, parsed)
                     salt = parsed.get("cache_salt")
+                    breakpoint = self.tokens.system_breakpoint(parsed, ids)
                     route = RouteRequest(
                         route.request_id,
                         tuple(ids),
                         salt if isinstance(salt, str) else None,
                         session_of(path, parsed),
+                        () if breakpoint is None else (breakpoint,),
                     )
             headers = [(k, v) for k, v in request.headers.items() if k.lower() != "host"]
             return await self._forward(

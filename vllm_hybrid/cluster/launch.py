@@ -18,6 +18,8 @@ def cluster_usage_error(args: argparse.Namespace) -> str | None:
         ray_api.require_ray()
     except (ClusterUsageError, ray_api.RayMissing) as error:
         return str(error)
+    if args.replica_gpus < 0:
+        return f"--replica-gpus must be >= 0, got {args.replica_gpus}"
     if not args.router_tflops > 0:
         return f"--router-tflops must be > 0, got {args.router_tflops}"
     return None
@@ -44,6 +46,7 @@ def serve_cluster(args: argparse.Namespace, vllm_args: Sequence[str]) -> int:
         router=args.router or "state",
         throughput_tflops=args.router_tflops,
         overload_wait_s=args.overload_wait_s,
+        replica_gpus=args.replica_gpus,
     )
     serve.run(app, name="vllm-hybrid", route_prefix="/")
     print(

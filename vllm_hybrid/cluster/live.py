@@ -111,8 +111,10 @@ WORDS = (
 def make_conversations(
     n: int, turns: int, seed: int = 0, tenants: int = 2, shared_systems: int = 2
 ) -> list[Conversation]:
-    """``n`` chats of ``turns`` turns: ``shared_systems`` system prompts (~300 tokens) shared
-    across chats, odd chats in cache_salt tenants ``t0``..; questions random words."""
+    """``n`` chats of ``turns`` turns: chat ``i`` has system prompt ``i % shared_systems``
+    (~300 tokens each); chats with ``(i // 2)`` odd are in cache_salt tenant
+    ``t{(i // 4) % tenants}``, the others unsalted (so salts cut across system prompts: 8 chats
+    give 2 unsalted per system prompt and 4 salted ones); questions random words."""
     rng = random.Random(seed)
     systems = [
         f"You are assistant {k}. " + " ".join(rng.choice(WORDS) for _ in range(220))
@@ -124,7 +126,7 @@ def make_conversations(
             f"Question {t} of chat {i}: " + " ".join(rng.choice(WORDS) for _ in range(40))
             for t in range(turns)
         ]
-        salt = f"t{i % tenants}" if i % 2 else None
+        salt = f"t{(i // 4) % tenants}" if (i // 2) % 2 else None
         out.append(Conversation(i, systems[i % shared_systems], questions, salt))
     return out
 

@@ -7,9 +7,10 @@ request; everything Ray-specific stays there. Per replica it holds:
   prefix its engine holds a recurrent state for, and of its KV blocks, pushed through Ray
   Serve's routing stats (``record_routing_stats``) every ``request_routing_stats_period_s``;
 * **speculative entries**: when a request is routed, the keys of its prompt (a state at the
-  prompt's end, KV at its block boundaries) are credited to the chosen replica at once, so the
-  next turn of a conversation finds them before the replica's next digest says so. An entry
-  is dropped once a digest taken after its request completed arrives (that digest is
+  prompt's end and at its ``state_positions``, the system-prompt breakpoint the replica's
+  middleware will add; KV at its block boundaries) are credited to the chosen replica at
+  once, so the next turn of a conversation finds them before the replica's next digest says
+  so. An entry is dropped once a digest taken after its request completed arrives (that digest is
   authoritative: it has the state or the state was evicted), or after ``spec_ttl_s``;
 * its **in-flight requests** (routed, not completed), which make its load: queued requests and
   prefill tokens, and the prefill FLOPs left after each one's hit (``CostModel.span_flops``).
@@ -50,6 +51,9 @@ class RouteRequest:
     token_ids: tuple[int, ...] = ()
     cache_salt: str | None = None
     session: Hashable | None = None
+    #: positions where the replica will keep a state besides the prompt's end (the chat's
+    #: system-prompt breakpoint the replica's middleware adds), credited speculatively
+    state_positions: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -334,9 +338,12 @@ class ClusterRouter:
         if not keys:
             return
         step = max(block // hbs, 1)
+        states = {keys[-1]} | {
+            keys[p // hbs - 1] for p in request.state_positions if hbs <= p < prompt
+        }
         spec = _Speculative(
             request.request_id,
-            frozenset({keys[-1]}),
+            frozenset(states),
             frozenset(keys[step - 1 :: step]),
             self.clock(),
         )
