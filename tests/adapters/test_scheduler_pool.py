@@ -118,7 +118,9 @@ def test_settings_come_from_additional_config_over_the_environment(monkeypatch) 
     given = {"vllm_hybrid": {"policy": "vllm", "debug": True}}
     got = load_config(SimpleNamespace(additional_config=given))
     assert (got.policy, got.debug) == ("vllm", True)
-    with pytest.raises(ConfigError, match="valid: stock, flop, lru-dense, marconi, sglang, vllm"):
+    with pytest.raises(
+        ConfigError, match="valid: stock, flop, learned, lru-dense, marconi, sglang, vllm"
+    ):
         load_config(SimpleNamespace(additional_config={"vllm_hybrid": {"policy": "belady-ish"}}))
     with pytest.raises(ConfigError, match="must be an object"):
         load_config(SimpleNamespace(additional_config={"vllm_hybrid": "flop"}))

@@ -127,7 +127,7 @@ class PromptTokens:
         """Where the replica's middleware puts a chat's system-prompt breakpoint (its state is
         kept there: docs/serving.md), rendered the same way
         (``serving/middleware.py::_system_breakpoint``), or None."""
-        from vllm_hybrid.core.breakpoints import common_prefix_tokens
+        from vllm_hybrid.core import common_prefix_tokens
         from vllm_hybrid.serving.messages import CACHE_CONTROL, system_prompt_probe
 
         messages = body.get("messages")

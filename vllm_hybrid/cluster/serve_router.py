@@ -34,8 +34,7 @@ def build_cluster_router(
     seed: int = 0,
 ) -> ClusterRouter:
     from vllm_hybrid.adapters.vllm.compat.cluster import local_none_hash, prompt_hashes
-    from vllm_hybrid.core import CostModel
-    from vllm_hybrid.core.shapes import load_shape
+    from vllm_hybrid.core import CostModel, load_shape
 
     cost = CostModel(load_shape(shape_path), 16)
     return ClusterRouter(
