@@ -31,6 +31,7 @@ def test_defaults_and_precedence() -> None:
         ({"match_unit": "fine"}, "match_unit 'fine'"),
         ({"match_unit": True}, "match_unit True"),
         ({"system_breakpoint": "sometimes"}, "system_breakpoint 'sometimes' must be true or"),
+        ({"exact_prompt_end": "maybe"}, "exact_prompt_end 'maybe' must be true or"),
     ],
 )
 def test_bad_values_name_the_setting(settings: dict, message: str) -> None:
@@ -76,6 +77,10 @@ def test_snapshot_budget_share() -> None:
 def test_the_engine_match_unit_is_ours_only_where_the_user_set_none() -> None:
     default = HybridCacheConfig.from_sources(None, {})
     assert (default.match_unit, default.system_breakpoint) == ("auto", True)
+    assert default.exact_prompt_end is True
+    off = HybridCacheConfig.from_sources({"exact_prompt_end": "false"}, {})
+    assert off.exact_prompt_end is False
+    assert HybridCacheConfig.from_sources(None, {"VLLM_HYBRID_EXACT_PROMPT_END": "0"}) == off
     assert default.engine_match_unit(None, hybrid_align=True) == 1  # exact resume
     assert default.engine_match_unit(16, hybrid_align=True) is None  # the user's wins
     assert default.engine_match_unit(None, hybrid_align=False) is None  # not a hybrid

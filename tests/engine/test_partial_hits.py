@@ -63,3 +63,56 @@ def test_nemotron_h_sub_block_hit_equals_caching_off(model_root):
         assert [next(iter(d.values())).logprob for d in got.logprobs] == [
             next(iter(d.values())).logprob for d in want.logprobs
         ], policy
+
+
+def _counting_steps(llm) -> list[int]:
+    """A list that gets one entry (tokens scheduled) per non-empty scheduler step."""
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    steps: list[int] = []
+    schedule = scheduler.schedule
+
+    def counted(*args, **kwargs):
+        out = schedule(*args, **kwargs)
+        if out.total_num_scheduled_tokens:
+            steps.append(out.total_num_scheduled_tokens)
+        return out
+
+    scheduler.schedule = counted
+    return steps
+
+
+@pytest.mark.engine
+def test_exact_prompt_end_off_saves_the_tail_pass_and_stays_exact(model_root):
+    """``exact_prompt_end: false`` (one-token unit): a prompt whose last chunk starts in its
+    last block is computed to its end in one pass instead of stopping one token short
+    (compat.extend_past_prompt_tail), so no state is kept at P - 1 and an exact repeat resumes
+    lower; greedy outputs equal caching off either way, and the cache stays sound (debug)."""
+    model_dir = tiny_model_dir("zamba2", model_root)
+    rng = random.Random(7)
+    a = [rng.randrange(10, 1000) for _ in range(300)]  # floor stop at 256, tail at 299
+    prompts = [a, list(a), a[:280] + [rng.randrange(10, 1000) for _ in range(90)]]
+    params = vllm.SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+
+    def run(llm):
+        return [llm.generate([{"prompt_token_ids": p}], params, use_tqdm=False)[0] for p in prompts]
+
+    with engine(model_dir, enable_prefix_caching=False, **SETTINGS) as llm:
+        reference = [list(o.outputs[0].token_ids) for o in run(llm)]
+    got = {}
+    for keep in (True, False):
+        config = {"vllm_hybrid": {"debug": True, "exact_prompt_end": keep}}
+        with engine(
+            model_dir, enable_prefix_caching=True, **SETTINGS, additional_config=config
+        ) as llm:
+            assert llm.llm_engine.vllm_config.cache_config.prefix_match_unit == 1
+            steps = _counting_steps(llm)
+            outs = run(llm)
+            scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+            assert scheduler.hybrid_checks > 0
+        assert [list(o.outputs[0].token_ids) for o in outs] == reference, keep
+        got[keep] = ([o.num_cached_tokens for o in outs], len(steps))
+    (hits_on, steps_on), (hits_off, steps_off) = got[True], got[False]
+    assert hits_on[:2] == [0, 299]  # vLLM's tail state at P - 1
+    assert hits_off[:2] == [0, 256]  # the floor stop's state (core.prompt_floor_stop)
+    assert hits_on[2] == hits_off[2] == 256  # a sibling sharing 280: the floor state
+    assert steps_off < steps_on

@@ -61,6 +61,18 @@ breakpoint``        BREAKPOINT                                      request's fi
                                                                     ``cache_control`` marks,
                                                                     so the state there is kept
                                                                     for other conversations
+``exact_prompt_     VLLM_HYBRID_EXACT_     ``true``                 at a one-token match unit,
+end``               PROMPT_END                                      keep vLLM's state after a
+                                                                    prompt's last token but
+                                                                    one also where that costs
+                                                                    a forward pass of its own
+                                                                    (a prompt whose last chunk
+                                                                    starts in its last block);
+                                                                    ``false`` saves that pass,
+                                                                    and a later prompt that
+                                                                    shares this one but not
+                                                                    its answer resumes at the
+                                                                    block floor instead
 ==================  =====================  =======================  =========================
 """
 
@@ -87,6 +99,7 @@ ENV = {
     "host_tier_gb": "VLLM_HYBRID_HOST_TIER_GB",
     "match_unit": "VLLM_HYBRID_MATCH_UNIT",
     "system_breakpoint": "VLLM_HYBRID_SYSTEM_BREAKPOINT",
+    "exact_prompt_end": "VLLM_HYBRID_EXACT_PROMPT_END",
 }
 SNAPSHOT_MODES = ("auto", "engine", "dense")
 MATCH_UNIT_MODES = ("auto", "block")
@@ -116,6 +129,7 @@ class HybridCacheConfig:
     host_tier_gb: float = 0.0
     match_unit: str | int = "auto"
     system_breakpoint: bool = True
+    exact_prompt_end: bool = True
 
     @property
     def enabled(self) -> bool:
@@ -199,6 +213,9 @@ class HybridCacheConfig:
             match_unit=_match_unit(raw.get("match_unit", cls.match_unit)),
             system_breakpoint=_flag(
                 "system_breakpoint", raw.get("system_breakpoint", cls.system_breakpoint)
+            ),
+            exact_prompt_end=_flag(
+                "exact_prompt_end", raw.get("exact_prompt_end", cls.exact_prompt_end)
             ),
         )
 

@@ -207,6 +207,13 @@ class CacheControl:
                 self._hook_splits(True)  # this step's split of the request comes next
         return state.stops[0] if state.stops else junction
 
+    def pins_prompt_end(self, request: Any) -> bool:
+        """Whether ``request`` asks for a pin (``cache_pin_ttl_s``): what it pins is its
+        prompt's end state (the prewarm's prompt is the prefix plus one token,
+        ``core/breakpoints.py::prewarm_prompt``), so vLLM's tail stop stays for it."""
+        state = self.requests.get(request.request_id)
+        return state is not None and state.options.pin_ttl_s is not None
+
     def _hook_splits(self, on: bool) -> None:
         skip_split_hook(self.scheduler, skip=not on)
         self._split_hooked = on

@@ -209,6 +209,15 @@ class _HybridMixin(SchedulerHooks):
             state.extra_totals = [x.totals for x in (control, self.hy_output) if x is not None]
             if control is not None:
                 control.exact_junction = self.hybrid_pool.hy_exact_junction
+        # With exact_prompt_end off, at a one-token match unit (auto's), a prompt whose last
+        # chunk starts in its last block ends its prefill at the prompt's end, not one token
+        # short of it (compat's extend_past_prompt_tail).
+        self.split_hook_always = (
+            self.hybrid_pool is not None
+            and bool(getattr(self, "mamba_partial_cache_hit", False))
+            and getattr(self, "hash_block_size", None) == 1
+            and not load_config(self.vllm_config).exact_prompt_end  # type: ignore[attr-defined]
+        )
         # vLLM's split itself, bound on the instance, so the hook costs nothing while no
         # sub-block stop is pending (vLLM calls it for every running request at every step;
         # ~1.5% of a 256-request step in bench_scheduler.py); the cache control puts the hook
@@ -255,6 +264,19 @@ class _HybridMixin(SchedulerHooks):
         """A pending sub-block breakpoint stop (``cache_control.exact_stop_ids``)."""
         control = self.hy_control
         return control is not None and request.request_id in control.exact_stop_ids
+
+    def drops_prompt_tail_stop(self, request: Any) -> bool:
+        """With ``exact_prompt_end`` off, at a one-token match unit: no forward pass of its
+        own for a prompt's last token, so no state after ``P - 1`` tokens, where an exact
+        repeat, or a next turn that shares the prompt but not the generated answer, would
+        resume (a next turn with the answer resumes at its end-of-output state,
+        ``output_states.py``). At a larger unit a sibling that shares all but the prompt's
+        last few tokens resumes there too, so vLLM's split stays; so it does for a request
+        that pins its prompt's end (a prewarm)."""
+        if not self.split_hook_always:
+            return False
+        control = self.hy_control
+        return control is None or not control.pins_prompt_end(request)
 
     def before_free_request(self, request: Any) -> None:
         if self.hy_output is not None:

@@ -41,6 +41,9 @@ class SchedulerHooks:
 
     mamba_shared_prefix_checkpoint: bool  # vLLM's Scheduler attribute
     hooks_active: bool
+    #: Set where :meth:`drops_prompt_tail_stop` may say yes: :func:`skip_split_hook` then
+    #: leaves the override in place.
+    split_hook_always: bool = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -63,6 +66,11 @@ class SchedulerHooks:
         """Whether ``request``'s next prefill chunk ends exactly at its boundary."""
         return False
 
+    def drops_prompt_tail_stop(self, request: Any) -> bool:
+        """Whether a prefill chunk that vLLM ends at ``request``'s prompt tail checkpoint
+        (only there: see :func:`extend_past_prompt_tail`) runs on to the prompt's end."""
+        return False
+
     def before_free_request(self, request: Any) -> None:
         """A finished ``request``, before vLLM frees its blocks."""
 
@@ -76,14 +84,19 @@ class SchedulerHooks:
         blocks, hit, junction, diverged = super()._get_local_prefix_cache_hit(request)  # type: ignore[misc]
         return blocks, hit, self.after_prefix_lookup(request, hit, junction), diverged
 
-    def _mamba_block_aligned_split(self, request: Any, *args: Any, **kwargs: Any) -> int:
+    def _mamba_block_aligned_split(
+        self, request: Any, num_new_tokens: int, *args: Any, **kwargs: Any
+    ) -> int:
         split = super()._mamba_block_aligned_split  # type: ignore[misc]
         if not self.ends_chunk_exactly(request):
-            return int(split(request, *args, **kwargs))
+            n = int(split(request, num_new_tokens, *args, **kwargs))
+            if n < num_new_tokens and self.drops_prompt_tail_stop(request):
+                return extend_past_prompt_tail(self, request, num_new_tokens, n, *args)
+            return n
         saved = self.mamba_shared_prefix_checkpoint
         self.mamba_shared_prefix_checkpoint = True
         try:
-            return int(split(request, *args, **kwargs))
+            return int(split(request, num_new_tokens, *args, **kwargs))
         finally:
             self.mamba_shared_prefix_checkpoint = saved
 
@@ -93,11 +106,54 @@ class SchedulerHooks:
         return self.after_free_request(request, kv_params), ec_params
 
 
+def extend_past_prompt_tail(
+    scheduler: Any,
+    request: Any,
+    num_new_tokens: int,
+    split_tokens: int,
+    num_new_local_computed_tokens: int = 0,
+    num_external_computed_tokens: int = 0,
+) -> int:
+    """The chunk length without vLLM's prompt-tail stop, where that stop alone ended it.
+
+    With a match unit ``U`` below the block, ``Scheduler._mamba_block_aligned_split`` ends a
+    prompt's last chunk at its tail checkpoint ``floor((P - 1) / U) * U``
+    (``get_mamba_prefill_checkpoint_position``) whenever the backend cannot export that state
+    from inside the forward pass (``is_mamba_prefill_checkpoint_valid``: the chunk starts in
+    the prompt's last block), and computes the last token(s) in a forward pass of their own.
+    A prompt that shares the first ``tail`` tokens resumes at that state (at ``U`` = 1 only an
+    exact repeat of the whole prompt). Returned unchanged
+    (``split_tokens``) unless the chunk ended exactly at the tail, the tail is inside a block
+    and is not the request's ``shared_prefix_boundary`` (a junction vLLM stops at for
+    siblings), and the unsplit chunk completes the prefill. ``MambaManager.
+    _cache_partial_tail_block`` then caches no partial state (its ``num_tokens`` is past the
+    tail), so no key promises a state that was not written."""
+    from vllm.v1.kv_cache_interface import get_mamba_prefill_checkpoint_position
+
+    if not getattr(scheduler, "mamba_partial_cache_hit", False):
+        return split_tokens
+    start = request.num_computed_tokens + num_new_local_computed_tokens
+    start += num_external_computed_tokens
+    tail = get_mamba_prefill_checkpoint_position(
+        request.num_prompt_tokens, scheduler.hash_block_size, scheduler.use_eagle_block_drop
+    )
+    prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+    if (
+        start + split_tokens != tail
+        or tail % scheduler.block_size == 0
+        or tail == request.shared_prefix_boundary
+        or start + num_new_tokens < prefill_end
+    ):
+        return split_tokens
+    return num_new_tokens
+
+
 def skip_split_hook(scheduler: SchedulerHooks, skip: bool = True) -> None:
     """Bind vLLM's ``Scheduler._mamba_block_aligned_split`` on ``scheduler`` itself, so the
     override costs nothing while no chunk has to end exactly at a boundary of ours (vLLM calls
-    it for every running request at every step); ``skip=False`` puts the override back."""
-    if not skip:
+    it for every running request at every step); ``skip=False`` puts the override back, as does
+    ``scheduler.split_hook_always``."""
+    if not skip or scheduler.split_hook_always:
         scheduler.__dict__.pop("_mamba_block_aligned_split", None)
         return
     vllm: Any = super(SchedulerHooks, scheduler)
