@@ -25,6 +25,8 @@ def check_chats(model, conversations, state):
     turns = [t for c in conversations for t in c.turns]
     assert all(t.status == 200 for t in turns), [t.body for t in turns if t.status != 200]
     assert set(state["digests"]) == set(state["live"]) and len(state["live"]) == 2
+    layouts = [d["layout"] for d in state["digests"].values()]  # what bench replay simulates
+    assert all(x["blocks"] > 0 and x["model_type"] == "zamba2" for x in layouts), layouts
     assert not state["warnings"], state["warnings"]
     summary = live.summarize(conversations, state)
     assert not state["overloads"]

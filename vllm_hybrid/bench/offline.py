@@ -54,28 +54,12 @@ def pool_blocks(llm: Any) -> int | None:
 
 
 def pool_layout(llm: Any) -> dict[str, Any] | None:
-    """The engine's pool for the simulator (``predict.PoolLayout``); None unless it is one
-    shared pool of full-attention and Mamba groups of one block size."""
-    from vllm_hybrid.adapters.vllm.scheduler import hybrid_groups
-    from vllm_hybrid.bench.predict import PoolLayout
+    """The engine's pool for the simulator (``predict.PoolLayout``; ``adapters/vllm/config.py::
+    pool_layout``)."""
+    from vllm_hybrid.adapters.vllm.config import pool_layout as engine_pool_layout
 
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
-    groups = hybrid_groups(scheduler.kv_cache_config)
-    specs = [g.kv_cache_spec for g in scheduler.kv_cache_config.kv_cache_groups]
-    pages = {s.page_size_bytes for s in specs}
-    if groups is None or len(pages) != 1 or len(groups[2]) != 1:
-        return None
-    kv, state, sizes = groups
-
-    hf_config = llm.llm_engine.vllm_config.model_config.hf_config
-    return PoolLayout(
-        blocks=scheduler.kv_cache_manager.block_pool.num_gpu_blocks,
-        block_tokens=sizes.pop(),
-        page_bytes=pages.pop(),
-        kv_groups=len(kv),
-        state_groups=len(state),
-        model_type=str(getattr(hf_config, "model_type", "")),
-    ).to_json()
+    return engine_pool_layout(scheduler, llm.llm_engine.vllm_config.model_config.hf_config)
 
 
 def evictions(llm: Any) -> dict[str, int]:

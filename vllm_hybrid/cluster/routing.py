@@ -72,6 +72,8 @@ class Digest:
     queued_prefill_tokens: int = 0
     free_pages: int = 0
     received_at: float = 0.0
+    #: the replica's pool as the simulator needs it (``adapters/vllm/config.py::pool_layout``)
+    layout: dict[str, Any] | None = None
 
     @classmethod
     def parse(cls, raw: dict[str, Any], received_at: float) -> Digest:
@@ -88,6 +90,7 @@ class Digest:
             queued_prefill_tokens=int(raw.get("queued_prefill_tokens", 0)),
             free_pages=int(raw.get("free_pages", 0)),
             received_at=received_at,
+            layout=raw.get("layout"),
         )
 
 
@@ -382,6 +385,7 @@ class ClusterRouter:
                     "states": len(d.states),
                     "kv": len(d.kv),
                     "free_pages": d.free_pages,
+                    "layout": d.layout,
                 }
                 for r, d in self.digests.items()
             },

@@ -63,6 +63,27 @@ def hybrid_groups(kv_cache_config: Any) -> tuple[list[int], list[int], set[int]]
     return kv, state, sizes
 
 
+def pool_layout(scheduler: Any, hf_config: Any) -> dict[str, Any] | None:
+    """An engine's KV pool as the simulator needs it (``bench/predict.py::PoolLayout``'s
+    fields): blocks, block tokens, page bytes, group counts, model type; None unless it is one
+    shared pool of full-attention and Mamba groups of one block size. ``scheduler``: vLLM's
+    ``Scheduler`` (``kv_cache_config`` and ``kv_cache_manager.block_pool``)."""
+    groups = hybrid_groups(scheduler.kv_cache_config)
+    specs = [g.kv_cache_spec for g in scheduler.kv_cache_config.kv_cache_groups]
+    pages = {s.page_size_bytes for s in specs}
+    if groups is None or len(pages) != 1 or len(groups[2]) != 1:
+        return None
+    kv, state, sizes = groups
+    return {
+        "blocks": int(scheduler.kv_cache_manager.block_pool.num_gpu_blocks),
+        "block_tokens": int(sizes.pop()),
+        "page_bytes": int(pages.pop()),
+        "kv_groups": len(kv),
+        "state_groups": len(state),
+        "model_type": str(getattr(hf_config, "model_type", "")),
+    }
+
+
 def is_attention_mamba_hybrid(kv_cache_config: Any) -> bool:
     """Full-attention and Mamba groups, at least one of each, and nothing else."""
     groups = hybrid_groups(kv_cache_config)

@@ -45,6 +45,8 @@ def _route_digest(self: Any, max_keys: int = 1 << 20) -> dict[str, Any]:
     from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id
     from vllm.v1.kv_cache_interface import MambaSpec
 
+    from vllm_hybrid.adapters.vllm.config import pool_layout
+
     sched = self.scheduler
     manager = sched.kv_cache_manager
     pool = manager.block_pool
@@ -73,6 +75,7 @@ def _route_digest(self: Any, max_keys: int = 1 << 20) -> dict[str, Any]:
         "running": len(sched.running),
         "queued_prefill_tokens": int(sum(prefill_left)),
         "free_pages": int(pool.get_num_free_blocks()),
+        "layout": pool_layout(sched, self.vllm_config.model_config.hf_config),
     }
 
 
