@@ -2,11 +2,14 @@
 
     vllm-hybrid bench replay --trace gen:chat --model DIR --policies stock,ours,off
     vllm-hybrid bench replay --trace PATH --url http://127.0.0.1:8000 --label flop
+    vllm-hybrid bench replay --trace gen:chat --model DIR --replicas 2 --router state,round-robin
 
 Offline (default): one fresh in-process engine per policy, each in its own subprocess
 (:mod:`.offline`), all with the same pool size. HTTP (``--url``): one row against a running
-OpenAI-compatible server (:mod:`.http`). The table goes to stdout, the progress bar to stderr,
-``--json`` gets every per-request record. Bad input: one line on stderr, exit code 2.
+OpenAI-compatible server (:mod:`.http`). Cluster (``--replicas N``): one local Ray Serve
+cluster of N replicas per router, against the cluster simulation (:mod:`.cluster`). The table
+goes to stdout, the progress bar to stderr, ``--json`` gets every per-request record. Bad
+input: one line on stderr, exit code 2.
 """
 
 from __future__ import annotations
@@ -22,6 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from vllm_hybrid.bench import BenchError
+from vllm_hybrid.bench.cluster import (
+    add_cluster_predictions,
+    check_cluster_args,
+    replicas_line,
+    run_cluster_rows,
+)
 from vllm_hybrid.bench.offline import PROGRESS
 from vllm_hybrid.bench.policies import engine_setup, known_policies, parse_policies
 from vllm_hybrid.bench.report import (
@@ -65,6 +74,23 @@ def add_replay_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--policies", default="stock,ours", help=f"comma-separated: {', '.join(known_policies())}"
     )
     p.add_argument("--url", help="replay over HTTP against a running server (one row)")
+    p.add_argument(
+        "--replicas",
+        type=int,
+        help="a live local Ray Serve cluster of N replicas per router (needs the cluster "
+        "extra), against the cluster simulation; rows are routers, not policies",
+    )
+    p.add_argument(
+        "--router",
+        help="with --replicas: comma-separated routers (default state,text-prefix,round-robin)",
+    )
+    p.add_argument(
+        "--router-tflops",
+        type=float,
+        default=0.05,
+        help="with --replicas: the prefill TFLOP/s one replica sustains, the router's time "
+        "unit (live and simulated)",
+    )
     p.add_argument("--label", default="server", help="row label with --url")
     p.add_argument("--served-model", help="model name on the server (default: its first)")
     p.add_argument("--requests", type=int, default=100, help="replay the first N that fit")
@@ -271,7 +297,7 @@ def _settings(args: argparse.Namespace, reqs: list[BenchRequest]) -> dict[str, A
     keys += ("scale", "max_len")
     keys += ("max_tokens", "time_scale", "rate", "load", "blocks", "max_num_seqs", "seed")
     keys += ("load_window",)
-    keys += ("host_gb",)
+    keys += ("host_gb", "replicas", "router", "router_tflops")
     out = {k: getattr(args, k) for k in keys}
     out["workload_requests"] = len(reqs)
     out["workload_prompt_tokens"] = sum(r.prompt_tokens for r in reqs)
@@ -287,10 +313,11 @@ def print_report(args: argparse.Namespace, reqs: list[BenchRequest], rows: list[
         f"{args.trace}: {len(reqs)} requests, {sum(r.prompt_tokens for r in reqs)} prompt tokens "
         f"(scale {args.scale}), arrivals x{scale:.3g} ({mode}), "
         f"{'url ' + args.url if args.url else 'model ' + str(args.model)}"
+        + (f", {args.replicas} replicas per router" if args.replicas else "")
     )
     print(format_table(summaries))
     lines = [ratio_line(summaries), evictions_line(summaries), host_line(summaries)]
-    lines += [sim_line(summaries), oracle_line(oracle)]
+    lines += [sim_line(summaries), replicas_line(rows), oracle_line(oracle)]
     for line in lines:
         if line:
             print(line)
@@ -301,11 +328,20 @@ def print_report(args: argparse.Namespace, reqs: list[BenchRequest], rows: list[
 def run_replay(args: argparse.Namespace) -> int:
     """The command: 0 on success, 2 on bad input, 1 if an engine failed."""
     try:
+        if args.router and args.replicas is None:
+            raise BenchError("--router needs --replicas N")
         reqs = load_workload(args)
-        rows = run_http(args, reqs) if args.url else run_offline(args, reqs)
-        if args.url:
+        if args.replicas is not None:
+            routers = check_cluster_args(args)
+            args.model = check_model_dir(args.model)
+            scale = fixed_time_scale(args, reqs)
+            rows = run_cluster_rows(args, reqs, routers, scale, progress_bar)
+            add_cluster_predictions(rows, reqs, args.replicas, args.router_tflops)
+        elif args.url:
+            rows = run_http(args, reqs)
             add_predictions(rows, reqs, None)
         else:
+            rows = run_offline(args, reqs)
             add_predictions(rows, reqs, args.max_num_seqs, args.warmup)
     except BenchError as exc:
         print(f"vllm-hybrid bench replay: {exc}", file=sys.stderr)

@@ -56,6 +56,9 @@ class RowResult:
     sim_in_flight: int | None = None
     #: The simulator's token hit rate one request at a time with the whole pool.
     sim_hit_rate_1: float | None = None
+    #: A live cluster row (``bench/cluster.py``): router, replicas, requests per replica live
+    #: and simulated, the router's decisions.
+    cluster: dict[str, Any] | None = None
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> RowResult:
@@ -69,6 +72,7 @@ class RowResult:
             obj.get("sim_hit_rate"),
             obj.get("sim_in_flight"),
             obj.get("sim_hit_rate_1"),
+            obj.get("cluster"),
         )
 
 

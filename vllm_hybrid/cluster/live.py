@@ -37,9 +37,12 @@ def local_cluster(
     replicas: int,
     router: str,
     extra_flags: list[str] | None = None,
+    log_to_driver: bool = True,
     **app_kwargs: Any,
 ) -> Any:
-    """Ray + the app on a free port; yields the base URL; shuts everything down."""
+    """Ray + the app on a free port; yields the base URL; shuts everything down.
+    ``log_to_driver=False``: the replicas' logs stay in Ray's session directory
+    (``/tmp/ray/session_latest/logs``) instead of this process's stdout."""
     for k, v in ENV.items():
         os.environ.setdefault(k, v)
     import ray
@@ -49,7 +52,10 @@ def local_cluster(
 
     port = free_port()
     ray.init(
-        num_cpus=max(os.cpu_count() or 2, 2), include_dashboard=False, ignore_reinit_error=True
+        num_cpus=max(os.cpu_count() or 2, 2),
+        include_dashboard=False,
+        ignore_reinit_error=True,
+        log_to_driver=log_to_driver,
     )
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:

@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
-from vllm_hybrid.core import POLICIES, CostModel, ReplicaLoad, ReplicaView
+from vllm_hybrid.core import POLICIES, CostModel, EngineAdmission, ReplicaLoad, ReplicaView
 from vllm_hybrid.sim.pool import SimPool
 from vllm_hybrid.sim.replay import BudgetViolation, RunStats, _Run, _serve
 from vllm_hybrid.sim.routers import Router, StateAwareRouter, make_router
@@ -57,6 +57,9 @@ class ClusterConfig:
     decode_s_per_token: float = DEFAULT_DECODE_S
     overload_wait_s: float = 2.0
     seed: int = 0
+    #: snapshots where the engine takes them (``core.EngineAdmission``: vLLM's align mode),
+    #: not where the policy would: how ``bench replay --replicas`` predicts a live cluster
+    engine_admission: bool = False
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -154,7 +157,8 @@ class Replica:
             policy=policy,
         )
         self.stats = RunStats(f"{cfg.policy}@{rid}", cfg.budget_bytes)
-        self.run = _Run(self.pool, policy, policy, cost, self.stats, None, None)
+        admission = EngineAdmission(policy, cost.block_tokens) if cfg.engine_admission else policy
+        self.run = _Run(self.pool, policy, admission, cost, self.stats, None, None)
         self.free_at = 0.0  # when the prefill server is free
         self.busy_s = 0.0
         self._prefills: deque[tuple[float, int, int]] = deque()  # (end, prompt, output tokens)
