@@ -3,7 +3,8 @@ multi-turn chats from concurrent clients (cache_salt tenants included), one clus
 every answer checked against one caching-off single engine on the same prompt tokens.
 
     nice -n 10 .venv/bin/python benchmarks/cluster_live.py --out out/cluster-live \\
-        [--routers state,text-prefix,round-robin] [--chats 8] [--turns 4] [--clients 8]
+        [--routers state,text-prefix,round-robin] [--chats 8] [--turns 4] [--clients 8] \
+        [--systems 2] [--blocks B]
 
 Writes ``results.json`` and ``table.md`` under ``--out``: per router the cluster token hit rate
 (cached prompt tokens / prompt tokens, from each answer's ``usage``), later turns that stayed on
@@ -26,10 +27,13 @@ from vllm_hybrid.cluster import live
 
 def run_router(model: str, router: str, args: argparse.Namespace) -> tuple[dict, list]:
     start = time.monotonic()
-    with live.local_cluster(model, args.replicas, router) as base:
+    flags = ["--num-gpu-blocks-override", str(args.blocks)] if args.blocks else []
+    with live.local_cluster(model, args.replicas, router, flags) as base:
         up = time.monotonic() - start
         live.wait_digests(base, args.replicas)
-        conversations = live.make_conversations(args.chats, args.turns, seed=args.seed)
+        conversations = live.make_conversations(
+            args.chats, args.turns, seed=args.seed, shared_systems=args.systems
+        )
         t0 = time.monotonic()
         live.run_chats(base, conversations, args.clients, args.max_tokens)
         chat_s = time.monotonic() - t0
@@ -62,6 +66,8 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--systems", type=int, default=2, help="system prompts the chats share")
+    parser.add_argument("--blocks", type=int, help="KV pool blocks per replica (default: vLLM's)")
     parser.add_argument("--model", default=None, help="default: the tiny Zamba2 (built)")
     args = parser.parse_args()
     routers = args.routers.split(",")
