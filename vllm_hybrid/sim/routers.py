@@ -8,10 +8,12 @@ replica id; ``routed`` tells it where the request went (the text trees insert th
 * ``round-robin``: replica ``i mod N`` for the ``i``-th request.
 * ``least-loaded``: the power of two choices on ongoing requests (Ray Serve's default
   ``PowerOfTwoChoicesRequestRouter``: two replicas at random, the shorter queue).
-* ``text-prefix``: Ray Serve's ``PrefixCacheAffinityRouter`` (``PrefixAwarePow2ReplicaRouter``
-  in ``ray/llm/_internal/serve/request_router/prefix_aware/``, defaults as shipped:
-  ``imbalanced_threshold=10`` on queue lengths, ``match_rate_threshold=0.1``, no tree
-  eviction). If the longest and shortest queue differ by more than 10: power of two. Else
+* ``text-prefix``: Ray Serve's ``PrefixCacheAffinityRouter`` (Ray 2.60.0:
+  ``ray/llm/_internal/serve/routing_policies/prefix_aware/prefix_aware_router.py``, defaults
+  of its ``initialize_state`` as shipped: ``imbalanced_threshold=inf`` on queue lengths (it was
+  10 until ray-project/ray#59390, Jan 2026: "users expect the router to be purely prefix
+  cache-based by default"), ``match_rate_threshold=0.1``, no tree eviction). If the longest
+  and shortest queue differ by more than the threshold (never, as shipped): power of two. Else
   the prompt is matched in a prefix tree of the prompts routed so far, one tree shared by all
   replicas, each node owned by the replicas whose prompts went through it; match rate =
   matched / prompt length. Below 0.1 the candidates are the replicas with the smallest trees,
@@ -19,11 +21,13 @@ replica id; ``routed`` tells it where the request went (the text trees insert th
   tree holds characters of the prompt text; ours holds the prompt's block keys (a node per
   ``block_tokens`` tokens), so a match is counted in whole blocks: an approximation of the
   character match, slightly shorter (the last partial block never matches).
-* ``text-prefix-sglang``: sglang-router's ``cache_aware`` policy, the same idea with its
-  defaults (``CacheAwareConfig::default``: ``cache_threshold=0.5``,
-  ``balance_abs_threshold=32``, ``balance_rel_threshold=1.1``): imbalanced when max - min
-  load > 32 *and* max > 1.1 * min, then the least loaded; else match rate > 0.5 goes to the
-  replica that last inserted the deepest matched node, otherwise to the smallest tree. Its
+* ``text-prefix-sglang``: sglang-router's ``cache_aware`` policy, the same idea with the
+  defaults its launcher ships (``sglang_router/router_args.py::RouterArgs``:
+  ``cache_threshold=0.3``, ``balance_abs_threshold=64``, ``balance_rel_threshold=1.5``; this
+  model used the Rust ``CacheAwareConfig::default``'s 0.5 / 32 / 1.1 until 2026-12-04):
+  imbalanced when max - min load > 64 *and* max > 1.5 * min, then the least loaded; else
+  match rate > 0.3 goes to the replica that last inserted the deepest matched node,
+  otherwise to the smallest tree. Its
   tree eviction (every 30 s down to ``max_tree_size`` per worker) is not modelled, which can
   only help its affinity.
 * ``kv-prefix``: llm-d / NVIDIA Dynamo's KV router: the replicas' cached KV known exactly (KV
@@ -132,7 +136,7 @@ class TextPrefixRouter(Router):
     """Ray Serve's ``PrefixCacheAffinityRouter`` (module docstring)."""
 
     name = "text-prefix"
-    imbalanced_threshold = 10
+    imbalanced_threshold = float("inf")
     match_rate_threshold = 0.1
 
     def __init__(self, n_replicas: int, block_tokens: int, seed: int = 0) -> None:
@@ -168,9 +172,9 @@ class SglangCacheAwareRouter(TextPrefixRouter):
     """sglang-router's ``cache_aware`` (module docstring)."""
 
     name = "text-prefix-sglang"
-    cache_threshold = 0.5
-    balance_abs_threshold = 32
-    balance_rel_threshold = 1.1
+    cache_threshold = 0.3
+    balance_abs_threshold = 64
+    balance_rel_threshold = 1.5
 
     def _imbalanced(self, views: Sequence[ReplicaView]) -> bool:
         loads = [v.load.ongoing for v in views]
