@@ -64,6 +64,8 @@ def write_plot(rows: Sequence[ClusterStats], path: str | Path, title: str = "") 
     for s in rows:
         lines.setdefault((s.router, s.policy), []).append(s)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    routers = sorted({router for router, _ in lines})
+    colors = {r: plt.get_cmap("tab10")(i % 10) for i, r in enumerate(routers)}  # one per router
     for (router, policy), pts in sorted(lines.items()):
         pts = sorted(pts, key=lambda s: s.replicas)
         xs = [s.replicas for s in pts]
@@ -72,10 +74,11 @@ def write_plot(rows: Sequence[ClusterStats], path: str | Path, title: str = "") 
             xs,
             [100 * s.flops_saved_rate for s in pts],
             style,
+            color=colors[router],
             marker="o",
             label=f"{router} ({policy})",
         )
-        ax2.plot(xs, [s.ttft(0.5) for s in pts], style, marker="o")
+        ax2.plot(xs, [s.ttft(0.5) for s in pts], style, color=colors[router], marker="o")
     for ax, label in ((ax1, "FLOPs saved (%)"), (ax2, "TTFT p50 (s)")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("replicas")
