@@ -29,8 +29,8 @@ def fake_config(arch: str, caching: bool = True) -> SimpleNamespace:
         ("Qwen3NextForCausalLM", "gdn_attention.py::cpu_gdn_attention_core"),
         ("Qwen3_5ForCausalLM", "gdn_attention.py::cpu_gdn_attention_core"),
         ("Qwen3_5MoeForCausalLM", "gdn_attention.py::cpu_gdn_attention_core"),
-        ("Lfm2ForCausalLM", "short_conv.py::ShortConv.forward_native"),
-        ("Lfm2MoeForCausalLM", "short_conv.py::ShortConv.forward_native"),
+        ("Lfm2ForCausalLM", "lfm2.py::Lfm2Attention.forward"),
+        ("Lfm2MoeForCausalLM", "lfm2.py::Lfm2Attention.forward"),
     ],
 )
 def test_refusal_names_the_vllm_function(arch: str, where: str) -> None:
@@ -53,7 +53,7 @@ def test_refused_only_with_prefix_caching_on_cpu(monkeypatch: pytest.MonkeyPatch
 
     if not current_platform.is_cpu():
         pytest.skip("CPU platform only")
-    with pytest.raises(UnsupportedOnCPU, match="short_conv.py::ShortConv.forward_native"):
+    with pytest.raises(UnsupportedOnCPU, match="lfm2.py::Lfm2Attention.forward"):
         refuse_inexact_cpu_prefix_caching(fake_config("Lfm2ForCausalLM"))
     refuse_inexact_cpu_prefix_caching(fake_config("Lfm2ForCausalLM", caching=False))
     monkeypatch.setenv(ENV_ALLOW_INEXACT, "1")

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.engine
 
 def test_lfm2_prefix_caching_refused(model_root):
     model_dir = tiny_model_dir("lfm2", model_root)
-    with pytest.raises(UnsupportedOnCPU, match="short_conv.py::ShortConv.forward_native"):
+    with pytest.raises(UnsupportedOnCPU, match="lfm2.py::Lfm2Attention.forward"):
         vllm.LLM(
             model=str(model_dir),
             dtype="float32",

@@ -418,8 +418,9 @@ _LFM2 = (
     "starts on vLLM CPU in float32, but greedy tokens differ from transformers fp32 (a "
     "100-token prompt from the first token, 1-12-token prompts after 1-4 tokens) and change "
     "with the batch's chunking with prefix caching off (7 of 8 prompts between "
-    "max_num_batched_tokens 4096 and 256): vllm/model_executor/layers/mamba/short_conv.py "
-    "ShortConv.forward_native; prefix caching on CPU is refused (adapters/vllm/cpu_support.py)"
+    "max_num_batched_tokens 4096 and 256): vllm/model_executor/models/lfm2.py "
+    "Lfm2Attention.forward passes 3D q/k to the CPU rotary op, which reads 2D (the short conv "
+    "is exact); prefix caching on CPU is refused (adapters/vllm/cpu_support.py)"
 )
 
 ARCHS: dict[str, ArchSpec] = {

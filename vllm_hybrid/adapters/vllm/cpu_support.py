@@ -28,12 +28,15 @@ _GDN = (
     "from caching off (measured on a tiny Qwen3-Next: 5 of 8 prompts, also prompts with no hit)"
 )
 _SHORT_CONV = (
-    "LFM2's short conv on vLLM's CPU backend "
-    "(vllm/model_executor/layers/mamba/short_conv.py::ShortConv.forward_native, through "
-    "ops/cpu/causal_conv1d.py::causal_conv1d_fn_cpu) gives greedy outputs that change with "
-    "how the batch is chunked even with prefix caching off (fp32, tiny LFM2: 7 of 8 prompts "
-    "differ between max_num_batched_tokens 4096 and 256) and differ from transformers fp32, "
-    "so a cached run cannot be checked exact against an uncached one"
+    "LFM2's attention on vLLM's CPU backend: "
+    "vllm/model_executor/models/lfm2.py::Lfm2Attention.forward (and lfm2_moe.py's) hands q and "
+    "k to the rotary embedding as (tokens, heads, head_dim) after the qk-norm, and the CPU op "
+    "(layers/rotary_embedding/base.py::RotaryEmbedding.forward_cpu, _C.rotary_embedding) reads "
+    "them as 2D (tokens, heads * head_dim): it rotates the first `tokens` head-rows with the "
+    "positions of the wrong tokens and leaves the rest unrotated, so greedy outputs differ from "
+    "transformers fp32 and change with how the batch is chunked even with prefix caching off "
+    "(tiny LFM2: 7 of 8 prompts differ between max_num_batched_tokens 4096 and 256), and a "
+    "cached run cannot be checked exact against an uncached one"
 )
 
 #: architecture (config.json ``architectures``) -> why prefix caching is refused on CPU.
