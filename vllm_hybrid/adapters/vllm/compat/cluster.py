@@ -48,6 +48,10 @@ def _route_digest(self: Any, max_keys: int = 1 << 20) -> dict[str, Any]:
     from vllm_hybrid.adapters.vllm.config import pool_layout
 
     sched = self.scheduler
+    layout = getattr(self, "_vllm_hybrid_layout", None)
+    if layout is None:  # fixed for the engine's life: computed once, not every push
+        layout = pool_layout(sched, self.vllm_config.model_config.hf_config)
+        self._vllm_hybrid_layout = layout
     manager = sched.kv_cache_manager
     pool = manager.block_pool
     groups = sched.kv_cache_config.kv_cache_groups
@@ -75,7 +79,7 @@ def _route_digest(self: Any, max_keys: int = 1 << 20) -> dict[str, Any]:
         "running": len(sched.running),
         "queued_prefill_tokens": int(sum(prefill_left)),
         "free_pages": int(pool.get_num_free_blocks()),
-        "layout": pool_layout(sched, self.vllm_config.model_config.hf_config),
+        "layout": layout,
     }
 
 
