@@ -86,15 +86,15 @@ def build(layout_name: str, kernel_block: int = BLOCK, order: str = "layer_index
 
 
 def whole_pages(buf, layout, page: int, pairs) -> torch.Tensor:
-    """The reference: ``buf`` after copying every page (each layer slot's) of each pair."""
+    """The reference: ``buf`` after copying every page (each layer slot's) of each pair, one
+    pair after the other (the scheduler's list is a sequence)."""
     want = buf.clone()
     if layout.is_block_outermost:  # one row per block holds every layer's page
         rows = want.view(NUM_BLOCKS, -1)
     else:  # layer-outermost: a region of NUM_BLOCKS pages per layer slot
         rows = want.view(-1, NUM_BLOCKS, page).transpose(0, 1)
-    src = torch.tensor([s for s, _ in pairs])
-    dst = torch.tensor([d for _, d in pairs])
-    rows[dst] = rows[src].clone()
+    for src, dst in pairs:
+        rows[dst] = rows[src].clone()
     return want
 
 
@@ -122,14 +122,33 @@ def test_kernel_block_split(layout):
     assert torch.equal(buf, want)
 
 
+CHAINS = {
+    # Two requests partially hit one prefix in one step: the first one's CoW fills fresh block
+    # 4, the second one's partial hit lands on 4 (cached as a full block this step): 5 gets 3.
+    "chain": [(3, 4), (4, 5), (1, 2)],
+    "read then overwritten": [(4, 5), (3, 4)],  # 5 gets 4's old bytes, then 4 gets 3's
+    "written twice": [(1, 6), (2, 6)],
+    "self copy": [(2, 2), (0, 7)],
+}
+
+
+@pytest.mark.parametrize("case", list(CHAINS))
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_chained_pairs_read_sources_first(layout):
-    """A destination that is also a source is read before it is written, in every view."""
+def test_pairs_apply_in_order(layout, case):
+    """The pairs' effect is that of copying them one by one, in every view and layout."""
     caches, buf, lay, page = build(layout)
-    pairs = [(3, 4), (4, 5)]
+    pairs = CHAINS[case]
     want = whole_pages(buf, lay, page, pairs)
     kv_copy.copy_kv_cache_blocks_every_view(caches, NUM_BLOCKS, pairs)
     assert torch.equal(buf, want)
+
+
+def test_hazard_free_runs():
+    runs = kv_copy._hazard_free_runs
+    assert runs([(3, 6), (1, 2)]) == [[(3, 6), (1, 2)]]
+    assert runs([(3, 4), (4, 5), (1, 2)]) == [[(3, 4)], [(4, 5), (1, 2)]]
+    assert runs([(4, 5), (3, 4)]) == [[(4, 5)], [(3, 4)]]
+    assert runs([(2, 2)]) == []
 
 
 def _vllm_copy():
@@ -153,6 +172,20 @@ def test_vllm_copy_loses_the_attention_page_in_layer_outer_layouts(layout):
     assert buf.numel() == 2 * NUM_BLOCKS * page
     assert first.stride(0) * first.element_size() == page  # per-view branch: 2x the pages
     pairs = [(3, 6)]
+    want = whole_pages(buf, lay, page, pairs)
+    _vllm_copy()(caches, NUM_BLOCKS, [KVCacheBlockCopy(*p) for p in pairs])
+    assert not torch.equal(buf, want)
+
+
+@pytest.mark.parametrize("layout", ["BLHNC", "BLNHC"])
+def test_vllm_copy_reads_a_chain_as_one_gather(layout):
+    """vLLM's batched ``blocks[dst] = blocks[src]`` reads every source first: in a chain the
+    second destination gets the first destination's stale bytes, even in the layouts it
+    otherwise copies right. When this fails, vLLM fixed it."""
+    from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
+
+    caches, buf, lay, page = build(layout)
+    pairs = CHAINS["chain"]
     want = whole_pages(buf, lay, page, pairs)
     _vllm_copy()(caches, NUM_BLOCKS, [KVCacheBlockCopy(*p) for p in pairs])
     assert not torch.equal(buf, want)

@@ -116,3 +116,43 @@ def test_exact_prompt_end_off_saves_the_tail_pass_and_stays_exact(model_root):
     assert hits_off[:2] == [0, 256]  # the floor stop's state (core.prompt_floor_stop)
     assert hits_on[2] == hits_off[2] == 256  # a sibling sharing 280: the floor state
     assert steps_off < steps_on
+
+
+@pytest.mark.engine
+def test_request_and_its_extension_resume_together_from_one_partial_state(model_root):
+    """A next turn scheduled before its own previous turn, both resuming from one sub-block
+    state in one step (requests arriving over HTTP in either order: the cluster slow test found
+    it). The extension's CoW fills a fresh block for the 640..767 block and caches it as a full
+    block; the base request's partial hit at 729 lands on that block, so the worker gets the
+    chain ``old -> x, x -> y``. vLLM 0.32.0 copied it as one gather (``y`` got ``x``'s stale
+    bytes) and the base request's fourth token differed; ``kv_copy`` applies the pairs in
+    order. Zamba2, the default one-token match unit."""
+    model_dir = tiny_model_dir("zamba2", model_root)
+    rng = random.Random(5)
+    draw = lambda n: [rng.randrange(10, 1000) for _ in range(n)]  # noqa: E731
+    first = draw(730)  # keeps its state at P - 1 = 729, inside the 640..767 block
+    base = first + draw(100)
+    extension = base + draw(90)
+    params = vllm.SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    settings = {"num_gpu_blocks_override": 128, "max_model_len": 2048}
+
+    def run(llm):
+        engine_ = llm.llm_engine
+        llm.generate([{"prompt_token_ids": first}], params, use_tqdm=False)
+        engine_.add_request("ext", {"prompt_token_ids": extension}, params)  # scheduled first
+        engine_.add_request("base", {"prompt_token_ids": base}, params)
+        done = {}
+        while engine_.has_unfinished_requests():
+            for out in engine_.step():
+                if out.finished:
+                    done[out.request_id] = (list(out.outputs[0].token_ids), out.num_cached_tokens)
+        return done
+
+    with engine(model_dir, enable_prefix_caching=False, **settings) as llm:
+        reference = run(llm)
+    config = {"vllm_hybrid": {"debug": True}}
+    with engine(model_dir, enable_prefix_caching=True, **settings, additional_config=config) as llm:
+        tested = run(llm)
+    assert tested["ext"][1] == tested["base"][1] == 729  # both resumed in the same step
+    assert tested["base"][0] == reference["base"][0]
+    assert tested["ext"][0] == reference["ext"][0]

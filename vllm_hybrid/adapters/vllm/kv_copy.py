@@ -51,35 +51,59 @@ def copy_kv_cache_blocks_every_view(
     every layout and backend); a view whose backing storage is exactly ``num_blocks`` of its
     scheduler blocks is copied as whole storage rows, once per storage. Unlike vLLM, any other
     view is copied unless the very same view was (so a Mamba view no longer hides the
-    attention view at its address). When a destination is also a source, every source is
-    read before any destination is written, so views aliasing the same bytes cannot see each
-    other's writes; otherwise each view is copied in turn, holding one view's sources at a
-    time, as vLLM does.
+    attention view at its address). And the pairs are applied **in order**: vLLM's batched
+    ``blocks[dst] = blocks[src]`` reads every source before it writes any destination, but the
+    scheduler's list is a sequence. Two requests that partially hit the same prefix in one step
+    give a chain: the first one's CoW fills a fresh block ``x`` (``a -> x``), the full block it
+    then computes is cached under its hash, and the second request's partial hit on ``x`` is
+    copied from it (``x -> y``), so ``y`` must receive ``a``'s contents, not the stale bytes
+    ``x`` held before this step (a request resuming in the same step as its own extension, which
+    the scheduler ran first, answered wrongly: tests/engine/test_partial_hits.py). The list is
+    cut into runs in which no block is both read and written (``_hazard_free_runs``); each
+    run is copied through every view before the next, so within a run a view's writes touch
+    no byte another view reads.
     """
     if not kv_cache_block_copies:
         return
     pairs = [(int(copy[0]), int(copy[1])) for copy in kv_cache_block_copies]
-    staged = not {src for src, _ in pairs}.isdisjoint(dst for _, dst in pairs)
-    index_cpu = torch.tensor(pairs, dtype=torch.long)
-    index_on: dict[torch.device, torch.Tensor] = {}
     seen: set[tuple[Any, ...]] = set()
-    pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    views = []
     for cache in kv_caches:
         if not isinstance(cache, torch.Tensor) or cache.numel() == 0:
             continue
         blocks = _scheduler_blocks(cache, num_blocks, seen)
-        if blocks is None:
+        if blocks is not None:
+            views.append(blocks)
+    for run in _hazard_free_runs(pairs):
+        index_cpu = torch.tensor(run, dtype=torch.long)
+        index_on: dict[torch.device, torch.Tensor] = {}
+        for blocks in views:
+            index = index_on.get(blocks.device)
+            if index is None:
+                index = index_on[blocks.device] = _index_on(index_cpu, blocks.device)
+            blocks[index[:, 1]] = blocks[index[:, 0]]
+
+
+def _hazard_free_runs(pairs: Sequence[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """``pairs`` cut, in order, into runs in which no block is written twice or both read and
+    written, so one batched copy of a run equals copying its pairs one by one (a self-copy is
+    dropped). Scheduler CoW destinations are fresh blocks, so a step usually gives one run."""
+    runs: list[list[tuple[int, int]]] = []
+    run: list[tuple[int, int]] = []
+    reads: set[int] = set()
+    writes: set[int] = set()
+    for src, dst in pairs:
+        if src == dst:
             continue
-        index = index_on.get(cache.device)
-        if index is None:
-            index = index_on[cache.device] = _index_on(index_cpu, cache.device)
-        src, dst = index[:, 0], index[:, 1]
-        if staged:
-            pending.append((blocks, dst, blocks[src]))  # advanced indexing: a copy
-        else:
-            blocks[dst] = blocks[src]
-    for blocks, dst, values in pending:
-        blocks[dst] = values
+        if src in writes or dst in reads or dst in writes:
+            runs.append(run)
+            run, reads, writes = [], set(), set()
+        run.append((src, dst))
+        reads.add(src)
+        writes.add(dst)
+    if run:
+        runs.append(run)
+    return runs
 
 
 def _index_on(index_cpu: torch.Tensor, device: torch.device) -> torch.Tensor:
