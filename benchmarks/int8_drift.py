@@ -116,7 +116,7 @@ def main() -> None:
         f" {'first div (med)':>16} {'max |dlogp| before div':>23} {'state rel err':>14}"
     )
     with tempfile.TemporaryDirectory() as root:
-        for arch in cpu_archs():
+        for arch in cpu_archs(mixer="mamba2"):
             for errors in STATE_ERRORS.values():
                 errors.clear()
             rows = run_arch(arch, root, args.prompts, args.prefix, args.tail, args.new_tokens)

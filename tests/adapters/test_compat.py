@@ -347,6 +347,25 @@ def test_contract_replace_kv_block_copy() -> None:
         assert "    copy_kv_cache_blocks_inplace,\n" in text, name  # bound by name at import
 
 
+def test_contract_flatten_cpu_rotary_inputs() -> None:
+    """vLLM's CPU rotary hands q/k to the in-place op as given and returns them; LFM2 (dense
+    and MoE) gives them in 3D, which is why the wrapper exists."""
+    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+
+    forward_cpu = getattr(RotaryEmbedding.forward_cpu, "__wrapped__", RotaryEmbedding.forward_cpu)
+    assert params(forward_cpu) == ["self", "positions", "query", "key"]
+    text = source(forward_cpu)
+    assert "ops.rotary_embedding(" in text and "return query, key" in text
+    for name in ("lfm2", "lfm2_moe"):
+        model = vllm_file(f"model_executor/models/{name}.py")
+        assert "q = q.view(n_tokens, self.num_heads, self.head_dim)" in model, name
+        assert "q, k = self.rotary_emb(positions, q, k)" in model, name
+
+
+def test_contract_cpu_rotary_flattened() -> None:
+    assert patches.flatten_cpu_rotary_inputs() and compat.cpu_rotary_flattened()
+
+
 # ------------------------------------------------------------------------------ server state
 def test_contract_server_vllm_config() -> None:
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
@@ -399,6 +418,7 @@ def test_every_patch_is_behind_the_version_gate(monkeypatch: pytest.MonkeyPatch)
     assert not compat.enable_exact_stops(SimpleNamespace(mamba_partial_cache_hit=True))
     assert compat.replace_kv_block_copy(print) is None
     assert not compat.replace_cpu_mamba2_ops(print, print)
+    assert not compat.flatten_cpu_rotary_inputs()
     assert not compat.declare_scheduler_stats_field("vllm_hybrid_other_version")
 
 

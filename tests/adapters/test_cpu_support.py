@@ -34,16 +34,31 @@ def fake_config(arch: str, caching: bool = True) -> SimpleNamespace:
     ],
 )
 def test_refusal_names_the_vllm_function(arch: str, where: str) -> None:
-    message = refusal([arch])
+    """LFM2 only without the plugin's CPU rotary fix (``rotary_fixed=False``)."""
+    message = refusal([arch], rotary_fixed=False)
     assert message is not None and arch in message and where in message
     assert "--no-enable-prefix-caching" in message and ENV_ALLOW_INEXACT in message
 
 
 @pytest.mark.parametrize(
-    "arch", ["Zamba2ForCausalLM", "NemotronHForCausalLM", "FalconH1ForCausalLM", "LlamaForCausalLM"]
+    "arch",
+    [
+        "Zamba2ForCausalLM",
+        "NemotronHForCausalLM",
+        "FalconH1ForCausalLM",
+        "LlamaForCausalLM",
+        "Lfm2ForCausalLM",
+        "Lfm2MoeForCausalLM",
+    ],
 )
 def test_exact_families_are_not_refused(arch: str) -> None:
+    """LFM2 with the CPU rotary fix in place, as ``plugin.register`` installs it on CPU."""
     assert refusal([arch]) is None
+    if arch.startswith("Lfm2"):
+        pytest.importorskip("vllm", reason="needs the cpu extra")
+        from vllm_hybrid.adapters.vllm.compat import patches
+
+        assert patches.flatten_cpu_rotary_inputs()
     refuse_inexact_cpu_prefix_caching(fake_config(arch))
 
 
@@ -53,10 +68,19 @@ def test_refused_only_with_prefix_caching_on_cpu(monkeypatch: pytest.MonkeyPatch
 
     if not current_platform.is_cpu():
         pytest.skip("CPU platform only")
+    from vllm_hybrid.adapters.vllm.compat import patches
+
+    with pytest.raises(UnsupportedOnCPU, match="gdn_attention.py::cpu_gdn_attention_core"):
+        refuse_inexact_cpu_prefix_caching(fake_config("Qwen3NextForCausalLM"))
+    refuse_inexact_cpu_prefix_caching(fake_config("Qwen3NextForCausalLM", caching=False))
+    assert patches.flatten_cpu_rotary_inputs()  # what plugin.register installs on CPU
+    refuse_inexact_cpu_prefix_caching(fake_config("Lfm2ForCausalLM"))
+    monkeypatch.setattr(patches, "cpu_rotary_flattened", lambda: False)
     with pytest.raises(UnsupportedOnCPU, match="lfm2.py::Lfm2Attention.forward"):
         refuse_inexact_cpu_prefix_caching(fake_config("Lfm2ForCausalLM"))
-    refuse_inexact_cpu_prefix_caching(fake_config("Lfm2ForCausalLM", caching=False))
     monkeypatch.setenv(ENV_ALLOW_INEXACT, "1")
     refuse_inexact_cpu_prefix_caching(fake_config("Lfm2ForCausalLM"))
+    refuse_inexact_cpu_prefix_caching(fake_config("Qwen3NextForCausalLM"))
     assert issubclass(UnsupportedOnCPU, ValueError)
-    assert set(cpu_support.INEXACT_ON_CPU) >= {"Qwen3NextForCausalLM", "Lfm2ForCausalLM"}
+    assert "Qwen3NextForCausalLM" in cpu_support.INEXACT_ON_CPU
+    assert "Lfm2ForCausalLM" in cpu_support.INEXACT_WITHOUT_ROTARY_FIX

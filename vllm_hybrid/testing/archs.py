@@ -351,8 +351,8 @@ def _lfm2(size: str) -> dict[str, Any]:
     tiny = {
         "hidden_size": 128,
         "layer_types": [conv, conv, full, conv, conv, full],
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
+        "num_attention_heads": 4,  # several q and k heads: the CPU rotary bug needs them
+        "num_key_value_heads": 2,
         "intermediate_size": 256,
     }
     small = {
@@ -372,6 +372,21 @@ def _lfm2(size: str) -> dict[str, Any]:
     # vLLM's lfm2.py reads the released configs' block_dim / conv_dim (transformers does not)
     width = {"block_dim": sized["hidden_size"], "conv_dim": sized["hidden_size"]}
     return {**sized, **fixed, **width, "conv_dim_out": sized["hidden_size"]}
+
+
+def _lfm2_moe(size: str) -> dict[str, Any]:
+    """LFM2-MoE (LFM2-8B-A1B's architecture): LFM2's layers, the first ``num_dense_layers``
+    with a dense MLP, the rest with a routed MoE (sigmoid gate with ``use_expert_bias``)."""
+    base = _lfm2(size)
+    moe = {
+        "num_dense_layers": 2,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": base["intermediate_size"] // 4,
+        "use_expert_bias": True,
+        "norm_topk_prob": True,
+    }
+    return {**base, **moe}
 
 
 #: Embedding scale of the tiny LFM2 (and the final norm's gain that undoes it in the logits).
@@ -415,12 +430,12 @@ _QWEN3_5 = (
     "(qwen_gdn_linear_attn.py), so prefix caching on CPU is refused as for qwen3_next"
 )
 _LFM2 = (
-    "starts on vLLM CPU in float32, but greedy tokens differ from transformers fp32 (a "
-    "100-token prompt from the first token, 1-12-token prompts after 1-4 tokens) and change "
-    "with the batch's chunking with prefix caching off (7 of 8 prompts between "
-    "max_num_batched_tokens 4096 and 256): vllm/model_executor/models/lfm2.py "
-    "Lfm2Attention.forward passes 3D q/k to the CPU rotary op, which reads 2D (the short conv "
-    "is exact); prefix caching on CPU is refused (adapters/vllm/cpu_support.py)"
+    "runs on vLLM CPU in float32; greedy tokens equal transformers fp32 (8 shared-prefix "
+    "prompts of 600-900 tokens, 12 new tokens each; with prefix caching and chunked prefill "
+    "too) once the plugin flattens q/k for the CPU rotary op "
+    "(compat.flatten_cpu_rotary_inputs): vllm/model_executor/models/lfm2.py "
+    "Lfm2Attention.forward passes them in 3D and the op reads 2D (without it 0 of 8 prompts "
+    "equal transformers)"
 )
 
 ARCHS: dict[str, ArchSpec] = {
@@ -442,7 +457,10 @@ ARCHS: dict[str, ArchSpec] = {
             "qwen3_next", "qwen3_next", "gated_delta_net", _qwen3_next, ("bfloat16",), _QWEN3_NEXT
         ),
         ArchSpec("qwen3_5", "qwen3_5_text", "gated_delta_net", _qwen3_5, (), _QWEN3_5),
-        ArchSpec("lfm2", "lfm2", "short_conv", _lfm2, (), _LFM2, _lfm2_post_init),
+        ArchSpec("lfm2", "lfm2", "short_conv", _lfm2, ("float32",), _LFM2, _lfm2_post_init),
+        ArchSpec(
+            "lfm2_moe", "lfm2_moe", "short_conv", _lfm2_moe, ("float32",), _LFM2, _lfm2_post_init
+        ),
     )
 }
 
@@ -458,8 +476,9 @@ def get_arch(name: str) -> ArchSpec:
 def cpu_archs(dtype: str = "float32", mixer: str | None = None) -> list[str]:
     """Architectures vLLM's CPU backend runs at ``dtype`` (optionally only one ``mixer``).
 
-    The default (float32) gives the Mamba2 hybrids, whose greedy outputs equal
-    ``transformers`` token for token: the set engine tests parametrize over.
+    The default (float32) gives the families whose greedy outputs equal ``transformers``
+    token for token: the four Mamba2 hybrids and LFM2 (dense and MoE), the set engine tests
+    parametrize over.
     """
     return [
         name

@@ -27,16 +27,14 @@ _GDN = (
     "rounds its state at other positions than an uncached one and its greedy outputs differ "
     "from caching off (measured on a tiny Qwen3-Next: 5 of 8 prompts, also prompts with no hit)"
 )
-_SHORT_CONV = (
+_LFM2_ROTARY = (
     "LFM2's attention on vLLM's CPU backend: "
     "vllm/model_executor/models/lfm2.py::Lfm2Attention.forward (and lfm2_moe.py's) hands q and "
     "k to the rotary embedding as (tokens, heads, head_dim) after the qk-norm, and the CPU op "
     "(layers/rotary_embedding/base.py::RotaryEmbedding.forward_cpu, _C.rotary_embedding) reads "
-    "them as 2D (tokens, heads * head_dim): it rotates the first `tokens` head-rows with the "
-    "positions of the wrong tokens and leaves the rest unrotated, so greedy outputs differ from "
-    "transformers fp32 and change with how the batch is chunked even with prefix caching off "
-    "(tiny LFM2: 7 of 8 prompts differ between max_num_batched_tokens 4096 and 256), and a "
-    "cached run cannot be checked exact against an uncached one"
+    "them as 2D (tokens, heads * head_dim), so greedy outputs differ from transformers fp32 "
+    "and change with how the batch is chunked even with prefix caching off; the plugin's fix "
+    "(compat.flatten_cpu_rotary_inputs) is not installed in this process"
 )
 
 #: architecture (config.json ``architectures``) -> why prefix caching is refused on CPU.
@@ -46,8 +44,13 @@ INEXACT_ON_CPU: dict[str, str] = {
     "Qwen3_5MoeForCausalLM": _GDN,
     "Qwen3_5ForConditionalGeneration": _GDN,
     "Qwen3_5MoeForConditionalGeneration": _GDN,
-    "Lfm2ForCausalLM": _SHORT_CONV,
-    "Lfm2MoeForCausalLM": _SHORT_CONV,
+}
+#: architecture -> why prefix caching is refused on CPU unless the plugin's CPU rotary fix
+#: (``compat.flatten_cpu_rotary_inputs``, installed by ``plugin.register``) is in place; with it
+#: their outputs equal caching off and transformers fp32 (docs/cpu_prefix_caching.md).
+INEXACT_WITHOUT_ROTARY_FIX: dict[str, str] = {
+    "Lfm2ForCausalLM": _LFM2_ROTARY,
+    "Lfm2MoeForCausalLM": _LFM2_ROTARY,
 }
 
 
@@ -55,10 +58,15 @@ class UnsupportedOnCPU(ValueError):
     """Prefix caching was asked for a family that cannot be served exact on vLLM's CPU backend."""
 
 
-def refusal(architectures: list[str] | tuple[str, ...] | None) -> str | None:
-    """The refusal message for a model with these ``architectures``, or None if it may run."""
+def refusal(
+    architectures: list[str] | tuple[str, ...] | None, rotary_fixed: bool = True
+) -> str | None:
+    """The refusal message for a model with these ``architectures``, or None if it may run
+    (``rotary_fixed``: whether ``compat.flatten_cpu_rotary_inputs`` is installed)."""
     for arch in architectures or ():
         reason = INEXACT_ON_CPU.get(arch)
+        if reason is None and not rotary_fixed:
+            reason = INEXACT_WITHOUT_ROTARY_FIX.get(arch)
         if reason is not None:
             return (
                 f"vllm-hybrid: prefix caching is not exact for {arch} on vLLM 0.32.0's CPU "
@@ -82,6 +90,8 @@ def refuse_inexact_cpu_prefix_caching(vllm_config: Any) -> None:
     if not current_platform.is_cpu():
         return
     hf_config = getattr(model, "hf_config", None)
-    message = refusal(getattr(hf_config, "architectures", None))
+    from vllm_hybrid.adapters.vllm.compat.patches import cpu_rotary_flattened
+
+    message = refusal(getattr(hf_config, "architectures", None), cpu_rotary_flattened())
     if message is not None:
         raise UnsupportedOnCPU(message)

@@ -38,6 +38,9 @@ def register() -> None:
         from vllm_hybrid.adapters.vllm.cpu_mamba2 import patch_cpu_mamba2_prefix_caching
 
         patch_cpu_mamba2_prefix_caching()
+        from vllm_hybrid.adapters.vllm.compat.patches import flatten_cpu_rotary_inputs
+
+        flatten_cpu_rotary_inputs()  # LFM2's attention (docs/cpu_prefix_caching.md)
     select_hybrid_scheduler()
     hook_engine_config()
     from vllm_hybrid.adapters.vllm.compat.cluster import install_route_digest

@@ -46,6 +46,8 @@ WHERE = {
     "declare_scheduler_stats_field": "patches",
     "replace_cpu_mamba2_ops": "patches",
     "replace_kv_block_copy": "patches",
+    "flatten_cpu_rotary_inputs": "patches",
+    "cpu_rotary_flattened": "patches",
     "server_vllm_config": "server",
     "server_args": "server",
     "anthropic_merge_inline_system": "server",

@@ -151,3 +151,50 @@ def replace_kv_block_copy(copy: Callable[..., None]) -> Callable[..., None] | No
         if module is not None and hasattr(module, "copy_kv_cache_blocks_inplace"):
             module.copy_kv_cache_blocks_inplace = copy  # type: ignore[attr-defined]
     return original
+
+
+def flatten_cpu_rotary_inputs() -> bool:
+    """Wrap ``RotaryEmbedding.forward_cpu`` (``vllm/model_executor/layers/rotary_embedding/
+    base.py``) so that q and k given as ``(tokens, heads, head_size)`` reach the CPU op
+    (``_custom_ops.rotary_embedding`` -> ``_C.rotary_embedding``, in place) as the
+    ``(tokens, heads * head_size)`` it reads; other ranks pass through. Rotary is per head, so
+    this is what ``forward_native`` (which views any rank as ``(tokens, -1, head_size)``)
+    computes. vLLM 0.32.0's ``Lfm2Attention.forward`` (``models/lfm2.py``; ``lfm2_moe.py``
+    likewise) hands q/k in 3D after its qk-norm, and the CPU op then rotated the wrong rows
+    (docs/cpu_prefix_caching.md). The results are written back into the tensors given, as the
+    op does, and returned in their shapes. Only on the pinned release; idempotent."""
+    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+
+    if not check_vllm_version("the CPU rotary embedding of 3D q/k (LFM2)"):
+        return False
+    original = RotaryEmbedding.forward_cpu
+    if cpu_rotary_flattened():
+        return True
+
+    def flat(tensor: Any) -> Any:
+        return tensor.reshape(tensor.shape[0], -1) if tensor.dim() == 3 else tensor
+
+    def restore(given: Any, flat_: Any) -> Any:
+        if flat_ is given:
+            return given
+        if flat_.data_ptr() != given.data_ptr():  # reshape copied a non-viewable tensor
+            given.copy_(flat_.view(given.shape))
+        return given
+
+    @functools.wraps(original)
+    def forward_cpu(self: Any, positions: Any, query: Any, key: Any = None) -> Any:
+        q2, k2 = flat(query), None if key is None else flat(key)
+        q_out, k_out = original(self, positions, q2, k2)
+        if q_out is not q2 or k_out is not k2:  # vLLM changed the op's contract
+            return q_out, k_out
+        return restore(query, q2), None if key is None else restore(key, k2)
+
+    RotaryEmbedding.forward_cpu = _mark(forward_cpu)  # type: ignore[method-assign]
+    return True
+
+
+def cpu_rotary_flattened() -> bool:
+    """Whether :func:`flatten_cpu_rotary_inputs` is installed in this process."""
+    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+
+    return _marked(RotaryEmbedding.forward_cpu)
