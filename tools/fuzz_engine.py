@@ -4,7 +4,8 @@
         --requests 200 --seeds 3 [--blocks 40] [--scheduler-cls CLS] [--json out.json]
 
 For each (arch, seed) a plan of N requests (shared prefixes cut on and around block boundaries,
-branches, near-empty prompts, n = 2, stop tokens, aborts) runs once with caching off and once
+branches, near-empty prompts, n = 2, stop tokens, aborts, and by default a tenth of the requests
+preceded in their step by their own next turn) runs once with caching off and once
 with caching on in a small pool (eviction and preemption), and every request finished in both
 is compared token for token. Prints one row per run and the totals; exits 1 on any mismatch.
 """
@@ -25,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.engine.conftest import engine  # noqa: E402
 from vllm_hybrid.testing.fixtures import engine_dtype, tiny_model_dir  # noqa: E402
-from vllm_hybrid.testing.fuzz import compare, make_plan, run_plan  # noqa: E402
+from vllm_hybrid.testing.fuzz import Arrival, compare, make_plan, run_plan  # noqa: E402
 
 
 def one_run(arch: str, seed: int, args: argparse.Namespace, root: str) -> dict[str, object]:
@@ -42,7 +43,9 @@ def one_run(arch: str, seed: int, args: argparse.Namespace, root: str) -> dict[s
     if args.scheduler_cls:
         cached_kwargs["scheduler_cls"] = args.scheduler_cls
     model_dir = tiny_model_dir(arch, root)
-    plan = make_plan(seed, n_requests=args.requests)
+    plan = make_plan(
+        seed, n_requests=args.requests, extension_first_rate=args.extension_first_rate
+    )
     start = time.perf_counter()
     with engine(model_dir, enable_prefix_caching=False, **pressure) as llm:
         reference = run_plan(llm, plan)
@@ -54,7 +57,7 @@ def one_run(arch: str, seed: int, args: argparse.Namespace, root: str) -> dict[s
     return {
         "arch": arch,
         "seed": seed,
-        "requests": args.requests,
+        "requests": sum(isinstance(e, Arrival) for e in plan),
         "compared": compared,
         "sampled": len(tested.sampled),
         "aborted": len(tested.aborted),
@@ -73,6 +76,12 @@ def main() -> int:
     parser.add_argument("--first-seed", type=int, default=100)
     parser.add_argument("--blocks", type=int, default=40, help="pool size (forces eviction)")
     parser.add_argument("--scheduler-cls", default=None)
+    parser.add_argument(
+        "--extension-first-rate",
+        type=float,
+        default=0.1,
+        help="share of requests preceded in their step by their own next turn (0: off)",
+    )
     parser.add_argument("--json", dest="json_out")
     args = parser.parse_args()
     rows = []

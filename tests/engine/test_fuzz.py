@@ -59,3 +59,22 @@ def test_fuzz_breakpoints_sub_block(model_root):
         assert mismatched == [], f"prefix_match_unit={unit}"
         assert compared >= 12
         assert any(v % 128 for v in tested.cached_tokens.values())  # sub-block hits happened
+
+
+def test_fuzz_next_turns_scheduled_before_their_turn(model_root):
+    """A third of the requests are preceded in their step by their own next turn, with a pool
+    large enough that both resume from one cached sub-block state (one-token match unit, the
+    default): the chained copy-on-write the worker must apply in order (``kv_copy``). With
+    vLLM's gather copy, seed 11 gave one wrong output (r6)."""
+    model_dir = tiny_model_dir("zamba2", model_root)
+    plan = make_plan(11, n_requests=20, extension_first_rate=0.3)
+    roomy = {**PRESSURE, "num_gpu_blocks_override": 128}
+    with engine(model_dir, enable_prefix_caching=False, **roomy) as llm:
+        reference = run_plan(llm, plan)
+    debug = {"additional_config": {"vllm_hybrid": {"debug": True}}}
+    with engine(model_dir, enable_prefix_caching=True, **roomy, **debug) as llm:
+        tested = run_plan(llm, plan)
+    compared, mismatched = compare(reference, tested)
+    assert mismatched == []
+    assert compared >= 20
+    assert any(r.startswith("x") and tested.cached_tokens.get(r) for r in tested.finished)

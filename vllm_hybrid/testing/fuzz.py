@@ -60,12 +60,21 @@ def _prompt(
 
 
 def make_plan(
-    seed: int, n_requests: int, vocab: int = 1000, breakpoint_rate: float = 0.0
+    seed: int,
+    n_requests: int,
+    vocab: int = 1000,
+    breakpoint_rate: float = 0.0,
+    extension_first_rate: float = 0.0,
 ) -> list[Arrival | Abort]:
     """A seeded workload: arrivals and aborts sorted by step. With ``breakpoint_rate`` > 0 that
     share of the requests carries one or two ``cache_breakpoints`` (drawn from a second stream,
-    so the plan is otherwise the one the same seed gives without them)."""
+    so the plan is otherwise the one the same seed gives without them). With
+    ``extension_first_rate`` > 0 that share of the requests is preceded, in the same step, by
+    an extension of its own prompt (its next turn: ``x<i>``, from a third stream), so the
+    extension is scheduled first and both may resume from one cached state in one step (the
+    case behind ``kv_copy``'s in-order copies)."""
     marks = random.Random(seed + 7919)
+    turns = random.Random(seed + 104729)
     rng = random.Random(seed)
     roots = [
         [rng.randrange(10, vocab) for _ in range(rng.choice((200, 257, 511, 700, 900)))]
@@ -87,6 +96,9 @@ def make_plan(
         if breakpoint_rate > 0 and marks.random() < breakpoint_rate and len(prompt) > 2:
             k = marks.choice((1, 1, 2))
             bps = tuple(sorted(marks.randint(1, len(prompt) - 1) for _ in range(k)))
+        if extension_first_rate > 0 and turns.random() < extension_first_rate:
+            tail = [turns.randrange(10, vocab) for _ in range(turns.randint(1, 150))]
+            events.append(Arrival(step, f"x{i}", prompt + tail, turns.randint(1, 8)))
         events.append(Arrival(step, f"r{i}", prompt, rng.randint(1, 16), n, stop, bps))
         if rng.random() < 0.1:
             events.append(Abort(step + rng.randint(0, 6), f"r{i}"))
