@@ -43,9 +43,7 @@ def one_run(arch: str, seed: int, args: argparse.Namespace, root: str) -> dict[s
     if args.scheduler_cls:
         cached_kwargs["scheduler_cls"] = args.scheduler_cls
     model_dir = tiny_model_dir(arch, root)
-    plan = make_plan(
-        seed, n_requests=args.requests, extension_first_rate=args.extension_first_rate
-    )
+    plan = make_plan(seed, n_requests=args.requests, extension_first_rate=args.extension_first_rate)
     start = time.perf_counter()
     with engine(model_dir, enable_prefix_caching=False, **pressure) as llm:
         reference = run_plan(llm, plan)

@@ -362,6 +362,34 @@ def test_contract_flatten_cpu_rotary_inputs() -> None:
         assert "q, k = self.rotary_emb(positions, q, k)" in model, name
 
 
+def test_contract_replace_cpu_gdn_attention_core() -> None:
+    """vLLM's op: its signature, registered by name from the module at first layer build."""
+    import vllm.model_executor.layers.mamba.ops.cpu.gdn_attention as gdn
+
+    from vllm_hybrid.adapters.vllm import cpu_gdn
+
+    vllms = cpu_gdn.VLLM_CPU_GDN_CORE or gdn.cpu_gdn_attention_core
+    names = ["mixed_qkv", "b", "a", "core_attn_out", "layer_name"]
+    assert params(vllms) == names and params(cpu_gdn.cpu_gdn_attention_core) == names
+    assert "op_func=cpu_gdn_attention_core" in source(gdn.register_cpu_gdn_attention_ops)
+    assert "CPU GDN attention requires BF16." in source(vllms)
+    assert "_cpu_gdn_attention_nonspec(" in source(vllms)
+    assert isinstance(gdn._CPU_GDN_ATTENTION_OPS_REGISTERED, bool)
+
+
+def test_contract_forward_context_layer() -> None:
+    import vllm.model_executor.layers.mamba.ops.cpu.gdn_attention as gdn
+    from vllm.utils.torch_utils import _encode_layer_name, _resolve_layer_name
+
+    from vllm_hybrid.adapters.vllm import cpu_gdn
+
+    text = source(cpu_gdn.VLLM_CPU_GDN_CORE or gdn.cpu_gdn_attention_core)
+    assert "_resolve_layer_name(layer_name)" in text and "no_compile_layers[" in text
+    assert _resolve_layer_name(_encode_layer_name("model.layers.0.linear_attn")) == (
+        "model.layers.0.linear_attn"
+    )
+
+
 def test_contract_cpu_rotary_flattened() -> None:
     assert patches.flatten_cpu_rotary_inputs() and compat.cpu_rotary_flattened()
 
@@ -419,6 +447,7 @@ def test_every_patch_is_behind_the_version_gate(monkeypatch: pytest.MonkeyPatch)
     assert compat.replace_kv_block_copy(print) is None
     assert not compat.replace_cpu_mamba2_ops(print, print)
     assert not compat.flatten_cpu_rotary_inputs()
+    assert compat.replace_cpu_gdn_attention_core(print) is None
     assert not compat.declare_scheduler_stats_field("vllm_hybrid_other_version")
 
 

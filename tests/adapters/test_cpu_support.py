@@ -82,5 +82,30 @@ def test_refused_only_with_prefix_caching_on_cpu(monkeypatch: pytest.MonkeyPatch
     refuse_inexact_cpu_prefix_caching(fake_config("Lfm2ForCausalLM"))
     refuse_inexact_cpu_prefix_caching(fake_config("Qwen3NextForCausalLM"))
     assert issubclass(UnsupportedOnCPU, ValueError)
-    assert "Qwen3NextForCausalLM" in cpu_support.INEXACT_ON_CPU
+    assert "Qwen3NextForCausalLM" in cpu_support.INEXACT_UNLESS_FP32_GDN
     assert "Lfm2ForCausalLM" in cpu_support.INEXACT_WITHOUT_ROTARY_FIX
+
+
+def test_gdn_refused_in_bfloat16_not_in_float32(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Qwen3-Next / Qwen3.5 with prefix caching on CPU: float32 with the plugin's gated delta
+    rule installed runs; bfloat16 (vLLM's op) and float32 without it are refused."""
+    pytest.importorskip("vllm", reason="needs the cpu extra")
+    import torch
+    from vllm.platforms import current_platform
+
+    from vllm_hybrid.adapters.vllm import cpu_gdn
+
+    if not current_platform.is_cpu():
+        pytest.skip("CPU platform only")
+    monkeypatch.delenv(ENV_ALLOW_INEXACT, raising=False)
+    for arch in ("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM"):
+        fp32, bf16 = fake_config(arch), fake_config(arch)
+        fp32.model_config.dtype, bf16.model_config.dtype = torch.float32, torch.bfloat16
+        monkeypatch.setattr(cpu_gdn, "installed", lambda: True)
+        refuse_inexact_cpu_prefix_caching(fp32)
+        with pytest.raises(UnsupportedOnCPU, match="gdn_attention.py::cpu_gdn_attention_core"):
+            refuse_inexact_cpu_prefix_caching(bf16)
+        monkeypatch.setattr(cpu_gdn, "installed", lambda: False)
+        with pytest.raises(UnsupportedOnCPU, match="cpu_gdn.py"):
+            refuse_inexact_cpu_prefix_caching(fp32)
+    assert refusal(["Qwen3NextForCausalLM"], fp32_gdn=True) is None

@@ -2,9 +2,9 @@
 refusal of prefix caching where the cached outputs cannot be exact (adapters/vllm/cpu_support.py;
 measurements in docs/results/2026-12-04-new-families.md).
 
-CI runs the Qwen3.5 import check; the Qwen3-Next refusal is marked slow. LFM2 (dense and MoE) is
-exact on CPU with the plugin's rotary fix and runs with the other fp32 families in
-tests/engine/test_cpu_prefix_caching.py.
+CI runs the Qwen3.5 import check; the Qwen3-Next refusal (bfloat16: vLLM's op) is marked
+slow. LFM2 (dense and MoE, with the plugin's rotary fix) and Qwen3-Next in float32 (with its
+gated delta rule) run with the other fp32 families in tests/engine/test_cpu_prefix_caching.py.
 """
 
 from __future__ import annotations

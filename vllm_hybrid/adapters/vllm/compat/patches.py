@@ -198,3 +198,30 @@ def cpu_rotary_flattened() -> bool:
     from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
     return _marked(RotaryEmbedding.forward_cpu)
+
+
+def replace_cpu_gdn_attention_core(core: Callable[..., None]) -> Callable[..., None] | None:
+    """Replace ``cpu_gdn_attention_core`` (``vllm/model_executor/layers/mamba/ops/cpu/
+    gdn_attention.py``) by ``core`` before ``register_cpu_gdn_attention_ops`` (same file, called
+    when the first GDN layer is built) registers it as ``torch.ops.vllm.cpu_gdn_attention_core``
+    (``direct_register_custom_op`` binds the function object then). Returns vLLM's function, or
+    None (nothing replaced) on another vLLM release or once the op is registered."""
+    if not check_vllm_version("float32 gated delta net on CPU"):
+        return None
+    import vllm.model_executor.layers.mamba.ops.cpu.gdn_attention as gdn
+
+    if gdn._CPU_GDN_ATTENTION_OPS_REGISTERED:
+        return None
+    original: Callable[..., None] = gdn.cpu_gdn_attention_core
+    gdn.cpu_gdn_attention_core = core  # type: ignore[assignment]
+    return original
+
+
+def forward_context_layer(layer_name: Any) -> Any:
+    """The layer a custom op's encoded ``layer_name`` names in the current forward context, as
+    vLLM's own CPU ops find it (``_resolve_layer_name``, ``vllm/utils/torch_utils.py``, then
+    ``ForwardContext.no_compile_layers``)."""
+    from vllm.forward_context import get_forward_context
+    from vllm.utils.torch_utils import _resolve_layer_name
+
+    return get_forward_context().no_compile_layers[_resolve_layer_name(layer_name)]
