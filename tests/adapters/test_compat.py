@@ -390,6 +390,35 @@ def test_contract_forward_context_layer() -> None:
     )
 
 
+def test_contract_keep_mid_block_mamba_states_unhashed() -> None:
+    """vLLM caps a sub-block hit's cached count at its block (for attention's sake), keeps the
+    prefill checkpoint per request, and the three wrapped methods keep their signatures."""
+    from vllm.v1.core.single_type_kv_cache_manager import (
+        MambaManager,
+        SingleTypeKVCacheManager,
+    )
+
+    base = source(SingleTypeKVCacheManager.add_local_computed_blocks)
+    assert "self.num_cached_block[request_id] = block_idx" in base
+    assert "self._checkpoints[request_id] = (" in source(MambaManager.get_num_blocks_to_allocate)
+    assert params(SingleTypeKVCacheManager.add_local_computed_blocks) == [
+        "self",
+        "request_id",
+        "new_computed_blocks",
+        "num_local_computed_tokens",
+        "num_external_computed_tokens",
+    ]
+    assert named_params(MambaManager.cache_blocks) >= {
+        "self",
+        "request",
+        "num_tokens",
+        "retention_interval",
+        "replay_boundaries",
+    }
+    assert params(MambaManager.pop_blocks_for_free) == ["self", "request_id"]
+    assert not patches.keep_mid_block_mamba_states_unhashed([object()])
+
+
 def test_contract_cpu_rotary_flattened() -> None:
     assert patches.flatten_cpu_rotary_inputs() and compat.cpu_rotary_flattened()
 
@@ -448,6 +477,7 @@ def test_every_patch_is_behind_the_version_gate(monkeypatch: pytest.MonkeyPatch)
     assert not compat.replace_cpu_mamba2_ops(print, print)
     assert not compat.flatten_cpu_rotary_inputs()
     assert compat.replace_cpu_gdn_attention_core(print) is None
+    assert not compat.keep_mid_block_mamba_states_unhashed([])
     assert not compat.declare_scheduler_stats_field("vllm_hybrid_other_version")
 
 

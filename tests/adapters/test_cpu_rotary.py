@@ -1,6 +1,6 @@
-"""``compat.flatten_cpu_rotary_inputs``: the CPU rotary op given q/k as (tokens, heads,
-head_size), as vLLM 0.32.0's LFM2 attention gives them, equals ``forward_native``; vLLM's own
-``forward_cpu`` does not (the bug the patch exists for)."""
+"""``compat.flatten_cpu_rotary_inputs`` (LFM2's attention only): the CPU rotary op given q/k
+as (tokens, heads, head_size), as vLLM 0.32.0's LFM2 attention gives them, equals
+``forward_native``; vLLM's own ``forward_cpu`` does not (the bug the patch exists for)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def test_patched_cpu_op_equals_native(rank):
     if rank == 2:
         q, k, want_q, want_k = (t.reshape(t.shape[0], -1) for t in (q, k, want_q, want_k))
     q_in, k_in = q.clone(), k.clone()
-    got_q, got_k = rope.forward_cpu(positions, q_in, k_in)
+    got_q, got_k = patches.flat_rotary_forward_cpu(rope, positions, q_in, k_in)
     assert got_q.shape == q.shape and got_k.shape == k.shape
     torch.testing.assert_close(got_q, want_q, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got_k, want_k, rtol=1e-5, atol=1e-5)
@@ -74,7 +74,7 @@ def test_non_contiguous_inputs_are_written_back():
     want_q, want_k = _native(rope, positions, q, k)
     q_t = q.transpose(0, 1).contiguous().transpose(0, 1)  # same values, not viewable as 2D
     k_t = k.transpose(0, 1).contiguous().transpose(0, 1)
-    got_q, got_k = rope.forward_cpu(positions, q_t, k_t)
+    got_q, got_k = patches.flat_rotary_forward_cpu(rope, positions, q_t, k_t)
     assert got_q is q_t and got_k is k_t
     torch.testing.assert_close(q_t, want_q, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(k_t, want_k, rtol=1e-5, atol=1e-5)

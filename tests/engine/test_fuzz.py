@@ -78,3 +78,32 @@ def test_fuzz_next_turns_scheduled_before_their_turn(model_root):
     assert mismatched == []
     assert compared >= 20
     assert any(r.startswith("x") and tested.cached_tokens.get(r) for r in tested.finished)
+
+
+@pytest.mark.parametrize("policy", ["flop", "stock"])
+def test_mamba_block_holding_a_mid_block_state_is_not_hashed_as_full(model_root, policy):
+    """Seed 202's three requests (``tools/fuzz_engine.py`` found it): ``r0`` (128 tokens) is
+    decoding when ``x1`` (259) resumes at its prompt-end state 127 and runs past 128 in one
+    chunk, so its Mamba block 0 keeps the state at 127; vLLM hashed that block as the state at
+    128 and ``r1`` (165 tokens) resumed from it, answering [1017, 857] instead of [1476, 1666],
+    under vLLM's own cache (``stock``) too. ``compat.keep_mid_block_mamba_states_unhashed``
+    leaves such a block unhashed, so ``r1`` resumes at 127."""
+    model_dir = tiny_model_dir("zamba2", model_root)
+    plan = [
+        e
+        for e in make_plan(202, n_requests=200, extension_first_rate=0.1)
+        if e.request_id in ("r0", "x1", "r1")
+    ]
+    with engine(model_dir, enable_prefix_caching=False, **PRESSURE) as llm:
+        reference = run_plan(llm, plan)
+    config = {"vllm_hybrid": {"policy": policy, "debug": policy != "stock"}}
+    with engine(
+        model_dir,
+        enable_prefix_caching=True,
+        prefix_match_unit=1,
+        **PRESSURE,
+        additional_config=config,
+    ) as llm:
+        tested = run_plan(llm, plan)
+    assert compare(reference, tested) == (3, [])
+    assert tested.cached_tokens["x1"] == 127 and tested.cached_tokens["r1"] == 127

@@ -50,6 +50,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from vllm_hybrid.adapters.vllm.block_pool import HybridBlockPool, install
 from vllm_hybrid.adapters.vllm.cache_control import RESULT_KEY, CacheControl
+from vllm_hybrid.adapters.vllm.compat.patches import keep_mid_block_mamba_states_unhashed
 from vllm_hybrid.adapters.vllm.compat.scheduler import (
     SchedulerHooks,
     set_retention_interval,
@@ -102,7 +103,13 @@ def activate(scheduler: Any) -> HybridBlockPool | None:
     :class:`~vllm_hybrid.core.config.ConfigError` even where the cache would stay vLLM's."""
     share_vllm_logging()
     config = load_config(scheduler.vllm_config)
-    if not scheduler.cache_config.enable_prefix_caching or not config.enabled:
+    if not scheduler.cache_config.enable_prefix_caching:
+        return None
+    # a vLLM fix, for every policy: docs/reliability.md
+    keep_mid_block_mamba_states_unhashed(
+        scheduler.kv_cache_manager.coordinator.single_type_managers
+    )
+    if not config.enabled:
         return None
     groups = hybrid_groups(scheduler.kv_cache_config)
     if groups is None or not groups[0] or not groups[1]:

@@ -153,51 +153,62 @@ def replace_kv_block_copy(copy: Callable[..., None]) -> Callable[..., None] | No
     return original
 
 
-def flatten_cpu_rotary_inputs() -> bool:
-    """Wrap ``RotaryEmbedding.forward_cpu`` (``vllm/model_executor/layers/rotary_embedding/
-    base.py``) so that q and k given as ``(tokens, heads, head_size)`` reach the CPU op
-    (``_custom_ops.rotary_embedding`` -> ``_C.rotary_embedding``, in place) as the
-    ``(tokens, heads * head_size)`` it reads; other ranks pass through. Rotary is per head, so
-    this is what ``forward_native`` (which views any rank as ``(tokens, -1, head_size)``)
-    computes. vLLM 0.32.0's ``Lfm2Attention.forward`` (``models/lfm2.py``; ``lfm2_moe.py``
-    likewise) hands q/k in 3D after its qk-norm, and the CPU op then rotated the wrong rows
-    (docs/cpu_prefix_caching.md). The results are written back into the tensors given, as the
-    op does, and returned in their shapes. Only on the pinned release; idempotent."""
+def _flat(tensor: Any) -> Any:
+    return tensor.reshape(tensor.shape[0], -1) if tensor.dim() == 3 else tensor
+
+
+def _restore(given: Any, flat: Any) -> Any:
+    if flat is not given and flat.data_ptr() != given.data_ptr():  # reshape copied
+        given.copy_(flat.view(given.shape))
+    return given
+
+
+def flat_rotary_forward_cpu(rope: Any, positions: Any, query: Any, key: Any = None) -> Any:
+    """vLLM's ``RotaryEmbedding.forward_cpu`` with q/k given as ``(tokens, heads, head_size)``
+    passed to the in-place CPU op as the ``(tokens, heads * head_size)`` it reads, written back
+    into the tensors given and returned in their shapes (2D passes through). Rotary is per
+    head, so this is what ``forward_native`` computes."""
     from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
+    q2, k2 = _flat(query), None if key is None else _flat(key)
+    RotaryEmbedding.forward_cpu(rope, positions, q2, k2)
+    return _restore(query, q2), None if key is None else _restore(key, k2)
+
+
+def flatten_cpu_rotary_inputs() -> bool:
+    """Wrap ``Lfm2Attention.__init__`` (``vllm/model_executor/models/lfm2.py``) and
+    ``Lfm2MoeAttention.__init__`` (``lfm2_moe.py``): where the layer's rotary embedding
+    dispatches to ``RotaryEmbedding.forward_cpu`` (``layers/rotary_embedding/base.py``,
+    ``CustomOp.dispatch_forward`` at construction), it dispatches to
+    :func:`flat_rotary_forward_cpu` instead. vLLM 0.32.0's LFM2 attention hands q/k in 3D
+    after its qk-norm and the CPU op (``_C.rotary_embedding``) reads 2D, so it rotated the
+    wrong rows (docs/cpu_prefix_caching.md). No other model's rotary is touched. Only on the
+    pinned release; idempotent."""
     if not check_vllm_version("the CPU rotary embedding of 3D q/k (LFM2)"):
         return False
-    original = RotaryEmbedding.forward_cpu
-    if cpu_rotary_flattened():
-        return True
+    import vllm.model_executor.models.lfm2 as lfm2
+    import vllm.model_executor.models.lfm2_moe as lfm2_moe
 
-    def flat(tensor: Any) -> Any:
-        return tensor.reshape(tensor.shape[0], -1) if tensor.dim() == 3 else tensor
+    for cls in (lfm2.Lfm2Attention, lfm2_moe.Lfm2MoeAttention):
+        if _marked(cls.__init__):
+            continue
+        init = cls.__init__
 
-    def restore(given: Any, flat_: Any) -> Any:
-        if flat_ is given:
-            return given
-        if flat_.data_ptr() != given.data_ptr():  # reshape copied a non-viewable tensor
-            given.copy_(flat_.view(given.shape))
-        return given
+        def wrapped(self: Any, *args: Any, _init: Any = init, **kwargs: Any) -> None:
+            _init(self, *args, **kwargs)
+            rope = self.rotary_emb
+            if getattr(rope, "_forward_method", None) == rope.forward_cpu:
+                rope._forward_method = functools.partial(flat_rotary_forward_cpu, rope)
 
-    @functools.wraps(original)
-    def forward_cpu(self: Any, positions: Any, query: Any, key: Any = None) -> Any:
-        q2, k2 = flat(query), None if key is None else flat(key)
-        q_out, k_out = original(self, positions, q2, k2)
-        if q_out is not q2 or k_out is not k2:  # vLLM changed the op's contract
-            return q_out, k_out
-        return restore(query, q2), None if key is None else restore(key, k2)
-
-    RotaryEmbedding.forward_cpu = _mark(forward_cpu)  # type: ignore[method-assign]
+        cls.__init__ = _mark(functools.wraps(init)(wrapped))  # type: ignore[method-assign]
     return True
 
 
 def cpu_rotary_flattened() -> bool:
     """Whether :func:`flatten_cpu_rotary_inputs` is installed in this process."""
-    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+    import vllm.model_executor.models.lfm2 as lfm2
 
-    return _marked(RotaryEmbedding.forward_cpu)
+    return _marked(lfm2.Lfm2Attention.__init__)
 
 
 def replace_cpu_gdn_attention_core(core: Callable[..., None]) -> Callable[..., None] | None:
@@ -225,3 +236,92 @@ def forward_context_layer(layer_name: Any) -> Any:
     from vllm.utils.torch_utils import _resolve_layer_name
 
     return get_forward_context().no_compile_layers[_resolve_layer_name(layer_name)]
+
+
+def keep_mid_block_mamba_states_unhashed(managers: Any) -> bool:
+    """Wrap, on each align-mode ``MambaManager`` of ``managers`` (an engine's
+    ``KVCacheCoordinator.single_type_managers``, ``vllm/v1/core/single_type_kv_cache_manager.py``),
+    ``add_local_computed_blocks``, ``cache_blocks`` and ``pop_blocks_for_free`` so that a Mamba
+    block holding the state at a position *inside* it is never cached under its full-block hash.
+
+    vLLM caps ``num_cached_block`` at a sub-block hit's block ("cache_blocks() re-caches the
+    private copy once full"). That is right for attention, whose copy is filled up to the block's
+    end by the next forward. A Mamba block holds one state: after the hit at ``h`` (inside
+    block ``i``) a chunk that runs past ``(i + 1) * B`` writes its state into a later block, so
+    block ``i`` keeps the state at ``h``. vLLM then hashes it as the state at ``(i + 1) * B``,
+    and a later request sharing that block resumes from the wrong state. The same holds for a
+    running request whose last chunk stopped inside block ``i``. The wrappers track where each
+    request's state stood before the step and, in that case, count block ``i`` as cached
+    (unhashed) before vLLM's loop; a step that ends exactly at the block's end (the state is
+    written into it) or whose prefill checkpoint is that block is left alone. Installed per
+    engine with prefix caching (``scheduler.activate``), every policy; only on the pinned
+    release; idempotent. True when at least one manager is wrapped."""
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+
+    if not check_vllm_version("Mamba blocks hashed only at their end state"):
+        return False
+    wrapped = False
+    for manager in managers:
+        if not isinstance(manager, MambaManager) or manager.mamba_cache_mode != "align":
+            continue
+        if "_hy_state_at" not in manager.__dict__:
+            _wrap_mamba_manager(manager)
+        wrapped = True
+    return wrapped
+
+
+def _wrap_mamba_manager(manager: Any) -> None:
+    table: dict[str, int] = {}
+    manager._hy_state_at = table
+    add_local = manager.add_local_computed_blocks
+    cache = manager.cache_blocks
+    pop = manager.pop_blocks_for_free
+    size = manager.block_size
+
+    @functools.wraps(add_local)
+    def add_local_computed_blocks(
+        request_id: str,
+        new_computed_blocks: Any,
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+    ) -> None:
+        add_local(
+            request_id, new_computed_blocks, num_local_computed_tokens, num_external_computed_tokens
+        )
+        table[request_id] = num_local_computed_tokens + num_external_computed_tokens
+
+    @functools.wraps(cache)
+    def cache_blocks(
+        request: Any,
+        num_tokens: int,
+        retention_interval: int | None = None,
+        *,
+        replay_boundaries: Any,
+    ) -> None:
+        rid = request.request_id
+        start = table.get(rid, 0)
+        block = start // size
+        end = (block + 1) * size
+        if (
+            start % size
+            and num_tokens > end
+            and manager.num_cached_block.get(rid, 0) == block
+            and manager._checkpoints.get(rid) != (end, block)
+        ):
+            manager.num_cached_block[rid] = block + 1
+        table[rid] = max(start, num_tokens)
+        cache(
+            request,
+            num_tokens,
+            retention_interval=retention_interval,
+            replay_boundaries=replay_boundaries,
+        )
+
+    @functools.wraps(pop)
+    def pop_blocks_for_free(request_id: str) -> Any:
+        table.pop(request_id, None)
+        return pop(request_id)
+
+    manager.add_local_computed_blocks = add_local_computed_blocks
+    manager.cache_blocks = cache_blocks
+    manager.pop_blocks_for_free = pop_blocks_for_free
