@@ -105,10 +105,9 @@ def activate(scheduler: Any) -> HybridBlockPool | None:
     config = load_config(scheduler.vllm_config)
     if not scheduler.cache_config.enable_prefix_caching:
         return None
-    # a vLLM fix, for every policy: docs/reliability.md
-    keep_mid_block_mamba_states_unhashed(
-        scheduler.kv_cache_manager.coordinator.single_type_managers
-    )
+    manager = getattr(scheduler, "kv_cache_manager", None)
+    if manager is not None:  # a vLLM fix, for every policy: docs/reliability.md
+        keep_mid_block_mamba_states_unhashed(manager.coordinator.single_type_managers)
     if not config.enabled:
         return None
     groups = hybrid_groups(scheduler.kv_cache_config)
