@@ -77,10 +77,10 @@ def test_snapshot_budget_share() -> None:
 def test_the_engine_match_unit_is_ours_only_where_the_user_set_none() -> None:
     default = HybridCacheConfig.from_sources(None, {})
     assert (default.match_unit, default.system_breakpoint) == ("auto", True)
-    assert default.exact_prompt_end is True
-    off = HybridCacheConfig.from_sources({"exact_prompt_end": "false"}, {})
-    assert off.exact_prompt_end is False
-    assert HybridCacheConfig.from_sources(None, {"VLLM_HYBRID_EXACT_PROMPT_END": "0"}) == off
+    assert default.exact_prompt_end is False
+    on = HybridCacheConfig.from_sources({"exact_prompt_end": "true"}, {})
+    assert on.exact_prompt_end is True
+    assert HybridCacheConfig.from_sources(None, {"VLLM_HYBRID_EXACT_PROMPT_END": "1"}) == on
     assert default.engine_match_unit(None, hybrid_align=True) == 1  # exact resume
     assert default.engine_match_unit(16, hybrid_align=True) is None  # the user's wins
     assert default.engine_match_unit(None, hybrid_align=False) is None  # not a hybrid

@@ -135,7 +135,9 @@ def reference(model_root):
 
 
 def cached_engine(model_root):
-    config = {"vllm_hybrid": {"debug": True}}  # integrity checks after every scheduler step
+    # integrity checks after every scheduler step; prompt-end states at P - 1 (off by default)
+    # so that a repeat of a prompt shorter than a block hits
+    config = {"vllm_hybrid": {"debug": True, "exact_prompt_end": True}}
     model_dir = tiny_model_dir("zamba2", model_root)
     return engine(model_dir, enable_prefix_caching=True, additional_config=config, **TIGHT)
 

@@ -96,7 +96,10 @@ def test_mamba_block_holding_a_mid_block_state_is_not_hashed_as_full(model_root,
     ]
     with engine(model_dir, enable_prefix_caching=False, **PRESSURE) as llm:
         reference = run_plan(llm, plan)
-    config = {"vllm_hybrid": {"policy": policy, "debug": policy != "stock"}}
+    # x1 resumes at r0's prompt-end state at 127 (P - 1: exact_prompt_end, off by default).
+    config = {
+        "vllm_hybrid": {"policy": policy, "debug": policy != "stock", "exact_prompt_end": True}
+    }
     with engine(
         model_dir,
         enable_prefix_caching=True,

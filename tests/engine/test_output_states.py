@@ -39,7 +39,15 @@ UNIT = {"auto": 1, "block": BLOCK}
 
 @pytest.fixture(scope="module", params=sorted(UNIT))
 def llm(request, model_root):
-    config = {"vllm_hybrid": {"policy": "flop", "debug": True, "match_unit": request.param}}
+    # exact_prompt_end (off by default): these tests place prompt-end states at P - 1.
+    config = {
+        "vllm_hybrid": {
+            "policy": "flop",
+            "debug": True,
+            "match_unit": request.param,
+            "exact_prompt_end": True,
+        }
+    }
     with engine(
         tiny_model_dir("zamba2", model_root),
         enable_prefix_caching=True,

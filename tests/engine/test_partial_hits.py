@@ -150,9 +150,42 @@ def test_request_and_its_extension_resume_together_from_one_partial_state(model_
 
     with engine(model_dir, enable_prefix_caching=False, **settings) as llm:
         reference = run(llm)
-    config = {"vllm_hybrid": {"debug": True}}
+    # Both resume at the first turn's P - 1 state (exact_prompt_end, off by default).
+    config = {"vllm_hybrid": {"debug": True, "exact_prompt_end": True}}
     with engine(model_dir, enable_prefix_caching=True, **settings, additional_config=config) as llm:
         tested = run(llm)
     assert tested["ext"][1] == tested["base"][1] == 729  # both resumed in the same step
     assert tested["base"][0] == reference["base"][0]
     assert tested["ext"][0] == reference["ext"][0]
+
+
+@pytest.mark.engine
+def test_default_prompt_end_keeps_one_token_prefill_chunks_off_the_decode_kernels(model_root):
+    """At the defaults (one-token unit, ``exact_prompt_end: false``) a prompt with a floor stop
+    (core.prompt_floor_stop) ends its prefill in one chunk, and its output equals caching off.
+    With ``exact_prompt_end: true`` the last chunk stopped at P - 1 and the prompt's last token
+    ran as a one-token step, which vLLM's CPU backend computes with its decode kernels: on
+    request 18 of gen:prefix at scale 1 (small Zamba2, seed 0) that flips the first greedy
+    token (1606 vs 431), and so does caching off with ``max_num_batched_tokens = P - 1``
+    (docs/reliability.md). Found by `bench replay --trace gen:prefix --scale 1 --time-scale 0
+    --max-num-seqs 1` on 2026-12-06."""
+    import itertools
+
+    from vllm_hybrid.bench.workload import build_workload, iter_source
+    from vllm_hybrid.testing.make_model import build_model
+
+    model_dir = build_model("zamba2", model_root / "zamba2-small-s0", "small", 0, "float32")
+    reqs = build_workload(itertools.islice(iter_source("gen:prefix", 0), 19), 19, 1.0, 4096, 4)
+    prompt = list(reqs[18].prompt_token_ids)
+    assert len(prompt) == 1152
+    params = vllm.SamplingParams(temperature=0.0, max_tokens=4)
+    kwargs = {"num_gpu_blocks_override": 300, "max_num_seqs": 1, "max_model_len": 4096}
+
+    def first(**extra):
+        with engine(model_dir, **kwargs, **extra) as llm:
+            out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
+            return list(out.outputs[0].token_ids)
+
+    reference = first(enable_prefix_caching=False)
+    config = {"vllm_hybrid": {"debug": True}}
+    assert first(enable_prefix_caching=True, additional_config=config) == reference

@@ -61,18 +61,25 @@ breakpoint``        BREAKPOINT                                      request's fi
                                                                     ``cache_control`` marks,
                                                                     so the state there is kept
                                                                     for other conversations
-``exact_prompt_     VLLM_HYBRID_EXACT_     ``true``                 at a one-token match unit,
-end``               PROMPT_END                                      keep vLLM's state after a
-                                                                    prompt's last token but
-                                                                    one also where that costs
-                                                                    a forward pass of its own
-                                                                    (a prompt whose last chunk
-                                                                    starts in its last block);
-                                                                    ``false`` saves that pass,
-                                                                    and a later prompt that
-                                                                    shares this one but not
-                                                                    its answer resumes at the
-                                                                    block floor instead
+``exact_prompt_     VLLM_HYBRID_EXACT_     ``false``                at a one-token match unit,
+end``               PROMPT_END                                      ``true`` keeps vLLM's
+                                                                    state after a prompt's
+                                                                    last token but one also
+                                                                    where that costs a forward
+                                                                    pass of its own (a prompt
+                                                                    whose last chunk starts in
+                                                                    its last block); that pass
+                                                                    computes one prompt token
+                                                                    with vLLM's CPU decode
+                                                                    kernels, which can change
+                                                                    a greedy output against an
+                                                                    unchunked prefill
+                                                                    (docs/reliability.md), and
+                                                                    costs a step per hit;
+                                                                    ``false`` (the default)
+                                                                    runs the chunk to the end:
+                                                                    an exact repeat resumes at
+                                                                    the block floor instead
 ==================  =====================  =======================  =========================
 """
 
@@ -129,7 +136,7 @@ class HybridCacheConfig:
     host_tier_gb: float = 0.0
     match_unit: str | int = "auto"
     system_breakpoint: bool = True
-    exact_prompt_end: bool = True
+    exact_prompt_end: bool = False
 
     @property
     def enabled(self) -> bool:

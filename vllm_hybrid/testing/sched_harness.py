@@ -178,16 +178,21 @@ def build_scheduler(
     policy: str = "flop",
     debug: bool = True,
     prefix_match_unit: int | None = None,
+    exact_prompt_end: bool = True,
 ) -> tuple[Any, Callable[[Any], Any]]:
     """(scheduler, block hasher). ``kind``: ``stock`` (vLLM's ``AsyncScheduler``) or
-    ``hybrid`` (``HybridAsyncScheduler`` with ``policy``, debug checks on)."""
+    ``hybrid`` (``HybridAsyncScheduler`` with ``policy``, debug checks on).
+    ``exact_prompt_end`` is on here (the engine's default is off): the fake worker has no
+    kernels, so the prompt-end states at ``P - 1`` and their sub-block hits are exercised."""
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
     from vllm_hybrid.adapters.vllm.scheduler import HybridAsyncScheduler
 
-    hybrid = {"policy": policy, "debug": debug} if kind == "hybrid" else {"policy": "stock"}
+    hybrid: dict[str, Any] = {"policy": "stock"}
+    if kind == "hybrid":
+        hybrid = {"policy": policy, "debug": debug, "exact_prompt_end": exact_prompt_end}
     config = build_vllm_config(
         model_dir,
         prefix_caching=prefix_caching,
