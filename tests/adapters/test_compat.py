@@ -140,18 +140,46 @@ def test_contract_enable_exact_stops() -> None:
 
 
 def test_contract_replace_cache_blocks() -> None:
-    from vllm.v1.core.kv_cache_coordinator import KVCacheCoordinator
+    """vLLM's coordinator loop as we write it out: its signature, what it hands each manager,
+    and the replay boundaries it computes."""
+    from vllm.v1.core.kv_cache_coordinator import KVCacheCoordinator, replay_boundaries
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.single_type_kv_cache_manager import SingleTypeKVCacheManager
 
     assert params(KVCacheCoordinator.cache_blocks) == ["self", "request", "num_computed_tokens"]
     assert "self.coordinator.cache_blocks(request" in source(KVCacheManager)
+    loop = source(KVCacheCoordinator.cache_blocks)
+    for part in (
+        "replay_boundaries(",
+        "if not manager.enable_caching:",
+        "self.get_num_cacheable_tokens(num_computed_tokens, group_id)",
+        "retention_interval=self.retention_interval",
+        "replay_boundaries=boundaries",
+    ):
+        assert part in loop
+    assert replay_boundaries(300, 128, use_eagle=False) == (299,)
     inner = inspect.signature(SingleTypeKVCacheManager.cache_blocks).parameters
     assert list(inner)[:4] == ["self", "request", "num_tokens", "retention_interval"]
     assert inner["replay_boundaries"].kind is inspect.Parameter.KEYWORD_ONLY
-    coordinator = SimpleNamespace()
-    assert compat.replace_cache_blocks(coordinator, print)
-    assert coordinator.cache_blocks is print
+    calls: list[tuple[int, int | None, tuple[int, ...]]] = []
+
+    def cache(request: Any, tokens: int, retention_interval: Any, replay_boundaries: Any) -> None:
+        calls.append((tokens, retention_interval, replay_boundaries))
+
+    managers = [
+        SimpleNamespace(enable_caching=True, cache_blocks=cache),
+        SimpleNamespace(enable_caching=False, cache_blocks=cache),
+    ]
+    coordinator = SimpleNamespace(
+        single_type_managers=managers,
+        get_num_cacheable_tokens=lambda n, group: n - 1,
+        eagle_group_ids=set(),
+        scheduler_block_size=128,
+        retention_interval=0,
+    )
+    assert compat.replace_cache_blocks(coordinator)
+    coordinator.cache_blocks(SimpleNamespace(num_prompt_tokens=300, num_computed_tokens=0), 257)
+    assert calls == [(256, 0, (299,))]
 
 
 def test_contract_observe_prefix_lookups() -> None:
@@ -416,7 +444,11 @@ def test_contract_keep_mid_block_mamba_states_unhashed() -> None:
         "replay_boundaries",
     }
     assert params(MambaManager.pop_blocks_for_free) == ["self", "request_id"]
-    assert not patches.keep_mid_block_mamba_states_unhashed([object()])
+    for name in ("num_cached_block", "_checkpoints", "mamba_cache_mode", "block_size"):
+        assert f"self.{name}" in source(MambaManager) + source(SingleTypeKVCacheManager.__init__)
+    coordinator = SimpleNamespace(single_type_managers=[object()])
+    assert not compat.keep_mid_block_mamba_states_unhashed(coordinator)
+    assert not vars(coordinator).keys() - {"single_type_managers"}
 
 
 def test_contract_cpu_rotary_flattened() -> None:
@@ -467,7 +499,7 @@ def test_every_patch_is_behind_the_version_gate(monkeypatch: pytest.MonkeyPatch)
     for module in (compat_sched, patches):
         monkeypatch.setattr(module, "check_vllm_version", version.check_vllm_version)
     coordinator = SimpleNamespace()
-    assert not compat.replace_cache_blocks(coordinator, print) and not vars(coordinator)
+    assert not compat.replace_cache_blocks(coordinator) and not vars(coordinator)
     manager = SimpleNamespace(get_computed_blocks=len)
     assert not compat.observe_prefix_lookups(manager, print) and manager.get_computed_blocks is len
     sched = SimpleNamespace()
@@ -477,7 +509,7 @@ def test_every_patch_is_behind_the_version_gate(monkeypatch: pytest.MonkeyPatch)
     assert not compat.replace_cpu_mamba2_ops(print, print)
     assert not compat.flatten_cpu_rotary_inputs()
     assert compat.replace_cpu_gdn_attention_core(print) is None
-    assert not compat.keep_mid_block_mamba_states_unhashed([])
+    assert not compat.keep_mid_block_mamba_states_unhashed(SimpleNamespace())
     assert not compat.declare_scheduler_stats_field("vllm_hybrid_other_version")
 
 

@@ -47,14 +47,14 @@ class OutputStates:
 
     What this does:
 
-    * block boundaries (every ``B``): :meth:`_cache_boundary`, behind a wrapper of the
-      coordinator's ``cache_blocks`` (on the instance). At the step that completes block ``k-1``
-      past the prompt, it asks the policy whether the end of the output would be kept there; if
-      so it runs vLLM's ``KVCacheCoordinator.cache_blocks`` with ``k*B`` added to the replay
-      boundaries, so ``reachable_block_mask`` keeps that block's state as it keeps a prompt
-      end's. The boundary kept before is dropped (it is no longer the end; unless a retention
-      interval keeps it or another request holds it). At finish the last one stays: the
-      block-floor of the request's computed tokens.
+    * block boundaries (every ``B``): :meth:`keeps` and :meth:`kept`, the boundary hook of
+      the coordinator's ``cache_blocks`` (``compat.replace_cache_blocks``, on the instance). At
+      the step that completes block ``k-1`` past the prompt, it asks the policy whether the end
+      of the output would be kept there; if so vLLM's ``KVCacheCoordinator.cache_blocks`` loop
+      runs with ``k*B`` added to the replay boundaries, so ``reachable_block_mask`` keeps
+      that block's state as it keeps a prompt end's. The boundary kept before is dropped (it
+      is no longer the end; unless a retention interval keeps it or another request holds
+      it). At finish the last one stays: the block-floor of the request's computed tokens.
     * with ``U`` below the block (sub-block hits on, see ``compat.enable_exact_stops``):
       :meth:`on_finished` registers the state at exactly the computed length ``E`` when ``E``
       is a multiple of ``U`` (always at ``U = 1``): the running Mamba block of each group holds
@@ -83,42 +83,9 @@ class OutputStates:
         self.kept_boundaries = 0  # block-boundary output states kept (tentatively)
         self.kept_exact = 0  # sub-block end states registered at finish
         self.dropped = 0  # superseded boundary states dropped
-        #: (group id, manager) of the groups that cache, as ``cache_blocks`` visits them
-        self._caching = [
-            (group_id, manager)
-            for group_id, manager in enumerate(managers)
-            if manager.enable_caching
-        ]
-        self.installed = self._install_cache_blocks()
-
-    def _install_cache_blocks(self) -> bool:
-        """Put the stand-in for ``KVCacheCoordinator.cache_blocks`` on the coordinator
-        (``compat.replace_cache_blocks``); False where the gate refused."""
-        coordinator, caching = self.coordinator, self._caching
-        cacheable = coordinator.get_num_cacheable_tokens
-        block, boundary = self.block_tokens, self._cache_boundary
-
-        def cache_blocks(request: Any, num_computed_tokens: int) -> None:
-            # vLLM calls this for every scheduled request at every step (256 calls a step at
-            # 256 running). Except at a block boundary past the prompt (_cache_boundary) it
-            # does what KVCacheCoordinator.cache_blocks does, here rather than by calling it:
-            # one Python frame per call fewer. replay_boundaries is (num_prompt_tokens - 1,)
-            # without EAGLE, which install() refuses (tests/adapters/test_output_states_unit).
-            prompt = request.num_prompt_tokens
-            if num_computed_tokens % block or num_computed_tokens <= prompt:
-                boundaries = (prompt - 1,)
-                interval = coordinator.retention_interval
-                for group_id, manager in caching:
-                    manager.cache_blocks(
-                        request,
-                        cacheable(num_computed_tokens, group_id),
-                        retention_interval=interval,
-                        replay_boundaries=boundaries,
-                    )
-            else:
-                boundary(request, num_computed_tokens)
-
-        return replace_cache_blocks(coordinator, cache_blocks)  # on the instance
+        # vLLM's KVCacheCoordinator.cache_blocks, written out in compat with our boundary
+        # hook (keeps / kept) at each block boundary past the prompt; False where the gate refused.
+        self.installed = replace_cache_blocks(self.coordinator, self)
 
     @classmethod
     def install(cls, scheduler: Any, policy: Any, sub_block: bool) -> OutputStates | None:
@@ -145,17 +112,10 @@ class OutputStates:
         return states if states.installed else None
 
     # ------------------------------------------------------------------ block boundaries
-    def _cache_boundary(self, request: Any, n: int) -> None:
-        """``KVCacheCoordinator.cache_blocks`` (``vllm/v1/core/kv_cache_coordinator.py``) at a
-        block boundary ``n`` past the prompt (the wrapper installed in ``__init__`` sends only
-        those here), with ``n`` among the reachable boundaries when the policy keeps it."""
-        if request.num_computed_tokens >= n or not self._keeps(request, n):
-            self._cache_blocks_with(request, n)
-        else:
-            self._cache_blocks_with(request, n, n)
-            self._mark(request, n)
-
-    def _keeps(self, request: Any, tokens: int) -> bool:
+    def keeps(self, request: Any, tokens: int) -> bool:
+        """At a block boundary ``tokens`` past the prompt (``compat.replace_cache_blocks``
+        asks before vLLM's managers cache the step's blocks): whether the policy keeps the
+        state there, among the reachable boundaries; at a finish, at its sub-block end."""
         from vllm_hybrid.core import output_state_position
 
         return (
@@ -170,21 +130,9 @@ class OutputStates:
             == tokens
         )
 
-    def _cache_blocks_with(self, request: Any, n: int, *extra: int) -> None:
-        """vLLM 0.32.0's ``KVCacheCoordinator.cache_blocks`` with the ``extra`` boundaries (no
-        EAGLE: its ``replay_boundaries`` is the prompt's last token). The wrapper installed in
-        ``__init__`` repeats this loop inline for its hot path (no extra boundary)."""
-        c = self.coordinator
-        boundaries = (request.num_prompt_tokens - 1, *extra)
-        for group_id, manager in self._caching:
-            manager.cache_blocks(
-                request,
-                c.get_num_cacheable_tokens(n, group_id),
-                retention_interval=c.retention_interval,
-                replay_boundaries=boundaries,
-            )
-
-    def _mark(self, request: Any, tokens: int) -> None:
+    def kept(self, request: Any, tokens: int) -> None:
+        """The step's blocks are cached with ``tokens`` among the replay boundaries: remember
+        the state block's key, and drop the request's previous boundary state."""
         index = tokens // self.block_tokens - 1
         pages = []
         for manager in self.mamba:
@@ -266,7 +214,7 @@ class OutputStates:
         b = self.block_tokens
         if end <= request.num_prompt_tokens or end % b == 0 or end % self.unit_tokens:
             return
-        if not self._keeps(request, end):
+        if not self.keeps(request, end):
             return
         index = (end - 1) // b  # the running state block, and the KV block holding end - 1
         pages = []

@@ -50,9 +50,9 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from vllm_hybrid.adapters.vllm.block_pool import HybridBlockPool, install
 from vllm_hybrid.adapters.vllm.cache_control import RESULT_KEY, CacheControl
-from vllm_hybrid.adapters.vllm.compat.patches import keep_mid_block_mamba_states_unhashed
 from vllm_hybrid.adapters.vllm.compat.scheduler import (
     SchedulerHooks,
+    keep_mid_block_mamba_states_unhashed,
     set_retention_interval,
     skip_split_hook,
 )
@@ -107,7 +107,7 @@ def activate(scheduler: Any) -> HybridBlockPool | None:
         return None
     manager = getattr(scheduler, "kv_cache_manager", None)
     if manager is not None:  # a vLLM fix, for every policy: docs/reliability.md
-        keep_mid_block_mamba_states_unhashed(manager.coordinator.single_type_managers)
+        keep_mid_block_mamba_states_unhashed(manager.coordinator)
     if not config.enabled:
         return None
     groups = hybrid_groups(scheduler.kv_cache_config)

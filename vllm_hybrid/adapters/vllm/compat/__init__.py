@@ -50,7 +50,7 @@ WHERE = {
     "cpu_rotary_flattened": "patches",
     "replace_cpu_gdn_attention_core": "patches",
     "forward_context_layer": "patches",
-    "keep_mid_block_mamba_states_unhashed": "patches",
+    "keep_mid_block_mamba_states_unhashed": "scheduler",
     "server_vllm_config": "server",
     "server_args": "server",
     "anthropic_merge_inline_system": "server",

@@ -8,8 +8,9 @@ kv_cache_coordinator.py`` (``KVCacheCoordinator``), ``vllm/v1/core/single_type_k
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from vllm_hybrid.adapters.vllm.config import is_full_attention
 from vllm_hybrid.adapters.vllm.version import check_vllm_version
@@ -207,16 +208,149 @@ def enable_exact_stops(scheduler: Any) -> bool:
     return True
 
 
-def replace_cache_blocks(coordinator: Any, cache_blocks: Callable[[Any, int], None]) -> bool:
+class CacheBoundary(Protocol):
+    """What :func:`replace_cache_blocks` asks at a block boundary past a prompt
+    (``output_states.OutputStates``)."""
+
+    block_tokens: int
+
+    def keeps(self, request: Any, tokens: int) -> bool:
+        """Whether the state at ``tokens`` (a block boundary past the prompt, not computed
+        yet) joins the replay boundaries of this step's ``cache_blocks``."""
+
+    def kept(self, request: Any, tokens: int) -> None:
+        """After vLLM's managers cached the blocks of a step that kept ``tokens``."""
+
+
+def replace_cache_blocks(coordinator: Any, boundary: CacheBoundary | None = None) -> bool:
     """Replace ``KVCacheCoordinator.cache_blocks(request, num_computed_tokens)`` on one
-    coordinator instance (``KVCacheManager.allocate_slots`` calls it for every scheduled
-    request at every step). ``cache_blocks`` does vLLM's work itself (the loop over
-    ``single_type_managers`` with ``retention_interval`` and ``replay_boundaries``); False (not
+    coordinator instance (``vllm/v1/core/kv_cache_coordinator.py``; every caller goes through
+    it: ``KVCacheManager.allocate_slots`` for every scheduled request at every step, the
+    scheduler's connector paths) by vLLM's loop, written out here so that the two additions
+    cost no Python frame of their own:
+
+    * the mid-block guard on each align-mode ``MambaManager`` that
+      :func:`keep_mid_block_mamba_states_unhashed` prepared (its table of where each request's
+      state stands), before that manager's ``cache_blocks``;
+    * where ``boundary`` is given, at a block boundary ``n`` past the prompt that the request
+      has not computed yet, ``n`` joins ``replay_boundaries`` when ``boundary.keeps`` says so,
+      and ``boundary.kept`` runs after the loop.
+
+    vLLM's loop: each manager with ``enable_caching`` gets ``cache_blocks(request,
+    get_num_cacheable_tokens(n, group), retention_interval=..., replay_boundaries=
+    replay_boundaries(num_prompt_tokens, scheduler_block_size, use_eagle))``. False (nothing
     replaced) on another vLLM release."""
-    if not check_vllm_version("end-of-output states"):
+    from vllm.v1.core.kv_cache_coordinator import replay_boundaries
+
+    if not check_vllm_version("the coordinator's cache_blocks"):
         return False
+    cacheable = coordinator.get_num_cacheable_tokens
+    eagle, scheduler_block = bool(coordinator.eagle_group_ids), coordinator.scheduler_block_size
+    #: (group id, manager, its cache_blocks, its mid-block guard or None), caching groups only
+    caching = [
+        (group_id, manager, manager.cache_blocks, manager.__dict__.get(STATE_AT))
+        for group_id, manager in enumerate(coordinator.single_type_managers)
+        if manager.enable_caching
+    ]
+    block = boundary.block_tokens if boundary is not None else 0
+
+    def cache_blocks(request: Any, num_computed_tokens: int) -> None:
+        prompt = request.num_prompt_tokens
+        boundaries = replay_boundaries(prompt, scheduler_block, True) if eagle else (prompt - 1,)
+        kept = (
+            boundary is not None
+            and num_computed_tokens > prompt
+            and not num_computed_tokens % block
+            and request.num_computed_tokens < num_computed_tokens
+            and boundary.keeps(request, num_computed_tokens)
+        )
+        if kept:
+            boundaries = (*boundaries, num_computed_tokens)
+        interval = coordinator.retention_interval
+        for group_id, manager, cache, state_at in caching:
+            tokens = cacheable(num_computed_tokens, group_id)
+            if state_at is not None:  # keep_mid_block_mamba_states_unhashed's guard
+                rid = request.request_id
+                start = state_at.get(rid, 0)
+                if start % manager.block_size:
+                    index = start // manager.block_size
+                    end = (index + 1) * manager.block_size
+                    if (
+                        tokens > end
+                        and manager.num_cached_block.get(rid, 0) == index
+                        and manager._checkpoints.get(rid) != (end, index)
+                    ):
+                        manager.num_cached_block[rid] = index + 1
+                if tokens > start:
+                    state_at[rid] = tokens
+            cache(request, tokens, retention_interval=interval, replay_boundaries=boundaries)
+        if kept:
+            boundary.kept(request, num_computed_tokens)
+
     coordinator.cache_blocks = cache_blocks
     return True
+
+
+#: The attribute of a prepared ``MambaManager`` (:func:`keep_mid_block_mamba_states_unhashed`):
+#: request id -> the token position its state stands at.
+STATE_AT = "_hy_state_at"
+
+
+def keep_mid_block_mamba_states_unhashed(coordinator: Any) -> bool:
+    """Never cache an align-mode Mamba block that holds the state at a position *inside* it
+    under its full-block hash (``vllm/v1/core/single_type_kv_cache_manager.py``,
+    ``MambaManager``), for an engine's ``KVCacheCoordinator``.
+
+    vLLM caps ``num_cached_block`` at a sub-block hit's block ("cache_blocks() re-caches the
+    private copy once full"). That is right for attention, whose copy is filled up to the block's
+    end by the next forward. A Mamba block holds one state: after the hit at ``h`` (inside
+    block ``i``) a chunk that runs past ``(i + 1) * B`` writes its state into a later block, so
+    block ``i`` keeps the state at ``h``. vLLM then hashes it as the state at ``(i + 1) * B``,
+    and a later request sharing that block resumes from the wrong state. The same holds for a
+    running request whose last chunk stopped inside block ``i``. Each align-mode manager gets a
+    table of where each request's state stood before the step (its ``add_local_computed_blocks``
+    and ``pop_blocks_for_free`` are wrapped to keep it), and the coordinator's ``cache_blocks``
+    (:func:`replace_cache_blocks`) counts block ``i`` as cached (unhashed) before that manager's
+    loop in that case; a step that ends exactly at the block's end (the state is written into
+    it) or whose prefill checkpoint is that block is left alone. Installed per engine with
+    prefix caching (``scheduler.activate``), every policy; only on the pinned release;
+    idempotent. True when at least one manager is prepared."""
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+
+    if not check_vllm_version("Mamba blocks hashed only at their end state"):
+        return False
+    managers = getattr(coordinator, "single_type_managers", ())
+    align = [m for m in managers if isinstance(m, MambaManager) and m.mamba_cache_mode == "align"]
+    for manager in align:
+        if STATE_AT not in manager.__dict__:
+            _track_mamba_states(manager)
+    return bool(align) and replace_cache_blocks(coordinator)
+
+
+def _track_mamba_states(manager: Any) -> None:
+    table: dict[str, int] = {}
+    add_local, pop = manager.add_local_computed_blocks, manager.pop_blocks_for_free
+
+    @functools.wraps(add_local)
+    def add_local_computed_blocks(
+        request_id: str,
+        new_computed_blocks: Any,
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+    ) -> None:
+        add_local(
+            request_id, new_computed_blocks, num_local_computed_tokens, num_external_computed_tokens
+        )
+        table[request_id] = num_local_computed_tokens + num_external_computed_tokens
+
+    @functools.wraps(pop)
+    def pop_blocks_for_free(request_id: str) -> Any:
+        table.pop(request_id, None)
+        return pop(request_id)
+
+    manager.add_local_computed_blocks = add_local_computed_blocks
+    manager.pop_blocks_for_free = pop_blocks_for_free
+    setattr(manager, STATE_AT, table)
 
 
 def observe_prefix_lookups(kv_cache_manager: Any, observe: Callable[[Any, Any, int], None]) -> bool:
