@@ -209,3 +209,30 @@ def test_the_policy_learns_of_a_request_once_its_blocks_are_cached() -> None:
     prompts = [A, A[:48] + list(range(700, 730))]
     replay(_keyed(prompts), COST, Recording(COST), 64 * PAGE)
     assert seen == [(0, 1), (48, 1)]
+
+
+@pytest.mark.parametrize("in_flight", [1, 3])
+def test_vllm_queue_keeps_its_invariants(chat: list[KeyedRequest], in_flight: int) -> None:
+    """vLLM's free queue (``vllm_queue``, the ``stock`` row's pool) under eviction: the pool's
+    and the index's invariants after every request (P4: every free page is queued once, no
+    page in use is, orphan bytes add up), the budget kept, pages evicted one at a time (stale
+    copies and a snapshot's leftover pages among them), and hits only where vLLM's align mode
+    keeps states (the replay boundary, junctions)."""
+    layout = PoolLayout(40, 128, 1572864, 1, 6, "zamba2")
+    cost = layout.cost_model()
+    hits: list[int] = []
+    stats = replay(
+        chat,
+        cost,
+        POLICIES["vllm"](cost),
+        39 * layout.page_bytes,
+        in_flight=in_flight,
+        running_bytes=7 * layout.page_bytes,
+        hold_snapshots=False,
+        check_every=1,
+        vllm_queue=6,
+        hits_out=hits,
+    )
+    assert len(hits) == len(chat) and sum(hits) == stats.hit_tokens > 0
+    assert stats.evicted_kv_blocks > 0 and stats.evicted_snapshots > 0
+    assert all(h % 128 == 0 for h in hits)

@@ -172,6 +172,7 @@ def predict_hit_rate(
     in_flight: int | None = None,
     warmup: int = 0,
     waiting: Sequence[int] | None = None,
+    hits_out: list[int] | None = None,
 ) -> float | None:
     """The simulator's token hit rate for row ``policy`` (None for rows it cannot model).
     ``in_flight=None``: one request at a time with the whole pool (the original prediction);
@@ -181,7 +182,10 @@ def predict_hit_rate(
     cache; the simulator does the same with the same policy object (a learning policy keeps
     what they taught it, as the engine's does). ``waiting``: per request, how many later ones
     were waiting when the engine served it (:func:`engine_waiting`), for the lookahead of rows
-    whose engine runs the index (every row but ``stock``, whose cache is vLLM's)."""
+    whose engine runs the index (every row but ``stock``, whose cache is vLLM's).
+    ``hits_out``: each request's predicted hit tokens are appended to it (not the warm-up's).
+    ``stock`` is replayed with vLLM's own free queue (``sim/pool.py``, ``vllm_queue``): pages
+    evicted one at a time in the order vLLM frees them, recomputed blocks' old pages kept."""
     name = SIM_POLICY.get(policy, policy)
     if name not in POLICIES:
         return None
@@ -194,7 +198,12 @@ def predict_hit_rate(
 
     lookahead = None if policy == STOCK else waiting
 
-    def serve(batch: Sequence[BenchRequest], first: int, ahead: Sequence[int] | None) -> float:
+    def serve(
+        batch: Sequence[BenchRequest],
+        first: int,
+        ahead: Sequence[int] | None,
+        out: list[int] | None = None,
+    ) -> float:
         keyed = [
             KeyedRequest(r, layout.block_tokens) for r in sim_requests(batch, layout.block_tokens)
         ]
@@ -209,10 +218,13 @@ def predict_hit_rate(
             admission=admission,
             first_index=first,
             waiting=ahead,
+            # stock: vLLM's pool evicts, page by page from its free queue (sim/pool.py)
+            vllm_queue=layout.state_groups if policy == STOCK else 0,
+            hits_out=out,
         )
         return stats.token_hit_rate
 
     warm = warmup_requests(reqs, warmup) if warmup else []
     if warm:
         serve(warm, 0, None)  # then a fresh pool: the engine resets its prefix cache
-    return serve(reqs, len(warm), lookahead)
+    return serve(reqs, len(warm), lookahead, hits_out)

@@ -134,6 +134,12 @@ def _commit(
     b = pool.block_tokens
     wanted = set(positions)
     n_blocks = _kept_blocks(kr, kv_end_tokens)
+    if pool.vllm_queue:  # cached blocks it recomputes past its KV match (the last token's)
+        for i in range(len(m.kv_nodes), n_blocks):
+            node = pool.index.live_node(kr.keys[i])
+            if node is None:
+                break
+            pool.recompute_block(h, node)
     pool.make_room(*_new_bytes(pool, kr, m, wanted, n_blocks))  # at once, as engines allocate
     for pos in sorted(p for p in wanted if p % b == 0 and 0 < p <= m.kv_tokens):
         _admit_snapshot(pool, h, m.kv_nodes[pos // b - 1], t, window)
@@ -256,6 +262,7 @@ class _Run:
     stats: RunStats
     oracle: BeladyOracle | None
     window: _Window | None
+    hits_out: list[int] | None = None
 
 
 def _serve(run: _Run, kr: KeyedRequest, t: int) -> None:
@@ -265,12 +272,15 @@ def _serve(run: _Run, kr: KeyedRequest, t: int) -> None:
         m = pool.match(kr.keys, req.prompt_tokens - 1, kr.probe)
     else:
         window.admit(pool, t)
+        pool.flush_free()
         m = pool.match(kr.keys, req.prompt_tokens - 1, kr.probe, window.hidden_from(t))
     saved = _count(run, req.prompt_tokens, m)
     if run.oracle is not None:
         target = m.hit_node.key if m.hit_tokens else None
         run.oracle.record(t, [n.key for n in m.kv_nodes], target)
     tip = m.kv_nodes[-1] if m.kv_nodes else pool.root
+    if pool.vllm_queue:
+        pool.before_hit(m)
     h = pool.lock(tip)
     pool.touch(h, m)
     if pool.promote(h, m):
@@ -294,6 +304,8 @@ def _serve(run: _Run, kr: KeyedRequest, t: int) -> None:
     _commit(
         pool, kr, m, h, positions, t, window, None if kv_end is None else kv_end(ctx, positions)
     )
+    if req.output_tokens > 1:  # its first decode step frees the states it computed past
+        pool.flush_free()
     # The engine learns of a request once vLLM's allocate_slots has cached its blocks
     # (adapters/vllm/scheduler.py::_hy_feed_started runs after Scheduler.schedule): so here.
     run.policy.observe(ctx, m.hit_node)  # type: ignore[attr-defined]
@@ -301,11 +313,14 @@ def _serve(run: _Run, kr: KeyedRequest, t: int) -> None:
         pool.unlock(h)
     else:
         window.hold(t, h)
+    pool.flush_free()  # what it released (vLLM's free when it finishes)
 
 
 def _count(run: _Run, prompt_tokens: int, m: Match) -> float:
     """Add a request's lookup to the totals; returns the FLOPs its hit saves."""
     stats, cost = run.stats, run.cost
+    if run.hits_out is not None:
+        run.hits_out.append(m.hit_tokens)
     stats.requests += 1
     stats.prompt_tokens += prompt_tokens
     stats.hit_tokens += m.hit_tokens
@@ -346,6 +361,8 @@ def replay(
     first_index: int = 0,
     waiting: Sequence[int] | None = None,
     state_budget_bytes: int | None = None,
+    vllm_queue: int = 0,
+    hits_out: list[int] | None = None,
 ) -> RunStats:
     """Replay ``requests``; ``oracle`` (if given) records future uses for a Belady run;
     ``check_every`` > 0 runs ``check_integrity()`` every that many requests (slow);
@@ -359,7 +376,10 @@ def replay(
     first request's index (its clock), for a policy that served requests before;
     ``waiting``: per request, how many of the next requests are waiting when it is served
     (lookahead, module docstring; None: none); ``state_budget_bytes``: that much of the
-    budget is a pool of its own for states (SGLang's Mamba pool, ``sim/pool.py``)."""
+    budget is a pool of its own for states (SGLang's Mamba pool, ``sim/pool.py``);
+    ``vllm_queue``: N > 0 evicts as vLLM's own pool does, page by page from its free queue, a
+    snapshot N pages, a recomputed block's old page kept (``sim/pool.py``; the ``stock`` row);
+    ``hits_out``: each request's hit tokens are appended to it, in order."""
     if in_flight < 1:
         raise ValueError(f"in_flight must be >= 1, got {in_flight}")
     if not 1 <= visible_after <= in_flight:
@@ -380,13 +400,14 @@ def replay(
         host_bandwidth=host_bandwidth,
         hold_snapshots=hold_snapshots,
         state_budget_bytes=state_budget_bytes,
+        vllm_queue=vllm_queue,
     )
     host = None if pool.host is None else pool.host.tier
     stats = RunStats(
         name or getattr(policy, "name", "?"), budget_bytes, host_budget_bytes=host_bytes
     )
     started = time.perf_counter()
-    run = _Run(pool, policy, admission or policy, cost, stats, oracle, window)
+    run = _Run(pool, policy, admission or policy, cost, stats, oracle, window, hits_out)
     if waiting is not None and len(waiting) != len(requests):
         raise ValueError(f"waiting has {len(waiting)} counts for {len(requests)} requests")
     cursor = [0]

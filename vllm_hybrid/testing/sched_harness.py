@@ -139,9 +139,13 @@ def build_kv_cache_config(
     num_blocks: int,
     mamba_groups: int,
     state_shapes: tuple[tuple[int, ...], ...] = ((3, 64), (4, 16, 32)),
+    checkpoint_blocks: int = 0,
 ) -> Any:
     """One ``FullAttentionSpec`` group and ``mamba_groups`` ``MambaSpec`` groups (align mode,
-    states of ``state_shapes``), one page size (also ``benchmarks/bench_scheduler.py``'s)."""
+    states of ``state_shapes``), one page size (also ``benchmarks/bench_scheduler.py``'s).
+    ``checkpoint_blocks``: ``MambaSpec.num_prefill_checkpoint_blocks`` (1 on vLLM's CPU engine
+    with the plugin's checkpoint store, alignment 1: a prefill keeps the state of its last
+    block boundary in the step that computes past it, instead of ending a chunk there)."""
     import torch
     from vllm.v1.kv_cache_interface import (
         FullAttentionSpec,
@@ -160,6 +164,8 @@ def build_kv_cache_config(
             dtypes=(torch.float32,) * len(state_shapes),
             page_size_padded=attn.page_size_bytes,
             mamba_cache_mode="align",
+            num_prefill_checkpoint_blocks=checkpoint_blocks,
+            prefill_checkpoint_alignment=1 if checkpoint_blocks else None,
         )
         groups.append(KVCacheGroupSpec([f"model.layers.{g}.mamba"], mamba))
     return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)

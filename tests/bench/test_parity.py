@@ -1,0 +1,57 @@
+"""The simulator's ``stock`` prediction against vLLM's own scheduler, request by request.
+
+The oracle is vLLM 0.32.0's scheduler, KV cache manager and block pool, run with no model
+(``testing/parity.py``), one request at a time as ``bench replay --max-num-seqs 1 --time-scale
+0`` serves them, on the small Zamba2's pool layout (128-token blocks, one attention group, six
+Mamba groups, a prefill checkpoint block): on gen:agent it gives the engine's hits request for
+request (docs/results/2026-12-07-parity.md). ``bench/predict.py``'s prediction for the
+``stock`` row must give the same hit on every request. Before the simulator modelled vLLM's
+free queue (pages evicted one at a time in the order vLLM frees them, a snapshot six pages,
+a recomputed block's old page kept: ``sim/pool.py``, ``vllm_queue``), gen:agent's request 25
+hit 768 tokens in the simulator and none in vLLM.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from vllm_hybrid.bench.predict import PoolLayout, predict_hit_rate
+from vllm_hybrid.bench.workload import build_workload, iter_source
+from vllm_hybrid.testing.fixtures import tiny_model_dir
+from vllm_hybrid.testing.parity import EngineShape, engine_hits, run_replay
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from vllm_hybrid.testing.fixtures import model_cache_root
+
+    return tiny_model_dir("zamba2", model_cache_root(tmp_path_factory.mktemp("models")))
+
+
+def _requests(trace: str, n: int, scale: float = 0.25) -> list:
+    return build_workload(itertools.islice(iter_source(trace), 0, None), n, scale, 4096, 4)
+
+
+@pytest.mark.parametrize(
+    ("trace", "n", "blocks"),
+    [("gen:agent", 30, 64), ("gen:chat", 60, 48)],
+)
+def test_stock_prediction_is_vllms_request_by_request(
+    model_dir: Path, trace: str, n: int, blocks: int
+) -> None:
+    reqs = _requests(trace, n)
+    shape = EngineShape(blocks=blocks)
+    harness = run_replay(model_dir, reqs, shape, policy="stock", warmup=2)
+    vllm = engine_hits(harness, reqs)
+    layout = PoolLayout(blocks, shape.block_tokens, 1 << 20, 1, shape.mamba_groups, "zamba2")
+    sim: list[int] = []
+    waiting = [len(reqs) - 1 - i for i in range(len(reqs))]
+    rate = predict_hit_rate(reqs, layout, "stock", 1, 2, waiting, hits_out=sim)
+    assert harness.log, "the pool must evict for the test to mean anything"
+    differ = [(r.index, v, s) for r, v, s in zip(reqs, vllm, sim, strict=True) if v != s]
+    assert not differ, f"(request, vLLM hit, simulator hit): {differ}"
+    prompt = sum(r.prompt_tokens for r in reqs)
+    assert rate == pytest.approx(sum(vllm) / prompt)
