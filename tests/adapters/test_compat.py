@@ -6,8 +6,12 @@ relies on), the check that nothing outside the layer reaches a private vLLM name
 from __future__ import annotations
 
 import ast
+import importlib.util
 import inspect
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -451,6 +455,44 @@ def test_contract_keep_mid_block_mamba_states_unhashed() -> None:
     assert not vars(coordinator).keys() - {"single_type_managers"}
 
 
+#: Imports vLLM's Qwen3.5 model code in a fresh interpreter (argv[1] == "patched": after the
+#: stand-in) and prints what the Qwen2-VL image module resolves to.
+QWEN3_5_IMPORT = """
+import sys
+from vllm_hybrid.adapters.vllm.compat import patches
+if sys.argv[1] == "patched":
+    assert patches.import_qwen3_5_without_torchvision()
+    assert patches.import_qwen3_5_without_torchvision()  # idempotent
+import vllm.model_executor.models.qwen3_5 as qwen3_5
+import importlib
+image = importlib.import_module("transformers.models.qwen2_vl.image_processing_qwen2_vl")
+pil = importlib.import_module("transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
+assert image.smart_resize is pil.smart_resize
+assert image.Qwen2VLImageProcessor is pil.Qwen2VLImageProcessorPil
+print("ok", qwen3_5.Qwen3_5ForCausalLM.__name__, qwen3_5.Qwen3_5MoeForCausalLM.__name__)
+"""
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("torchvision") is not None, reason="torchvision is installed"
+)
+def test_contract_import_qwen3_5_without_torchvision() -> None:
+    """Without torchvision vLLM's qwen3_5.py fails to import (qwen3_vl.py -> transformers'
+    image_processing_qwen2_vl -> torchvision); with the stand-in it imports, and the names
+    qwen3_vl.py takes from that module are the PIL twin's."""
+    env = {**os.environ, "VLLM_HYBRID_ENABLE": "0"}  # no plugin: vLLM's import as it is
+    run = [sys.executable, "-c", QWEN3_5_IMPORT]
+    bare = subprocess.run([*run, "bare"], capture_output=True, text=True, env=env, timeout=300)
+    assert bare.returncode != 0
+    assert "No module named 'torchvision'" in bare.stderr
+    assert "image_processing_qwen2_vl" in bare.stderr
+    patched = subprocess.run(
+        [*run, "patched"], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert patched.returncode == 0, patched.stderr[-2000:]
+    assert "ok Qwen3_5ForCausalLM Qwen3_5MoeForCausalLM" in patched.stdout
+
+
 def test_contract_cpu_rotary_flattened() -> None:
     assert patches.flatten_cpu_rotary_inputs() and compat.cpu_rotary_flattened()
 
@@ -510,6 +552,8 @@ def test_every_patch_is_behind_the_version_gate(monkeypatch: pytest.MonkeyPatch)
     assert not compat.flatten_cpu_rotary_inputs()
     assert compat.replace_cpu_gdn_attention_core(print) is None
     assert not compat.keep_mid_block_mamba_states_unhashed(SimpleNamespace())
+    if "transformers.models.qwen2_vl.image_processing_qwen2_vl" not in sys.modules:
+        assert not compat.import_qwen3_5_without_torchvision()
     assert not compat.declare_scheduler_stats_field("vllm_hybrid_other_version")
 
 

@@ -15,9 +15,15 @@ from vllm_hybrid.testing.fixtures import tiny_model_dir
 
 pytestmark = pytest.mark.engine
 
-#: Every family vLLM's CPU backend runs in float32: the four Mamba2 hybrids and LFM2 (dense and
-#: MoE; exact since ``compat.flatten_cpu_rotary_inputs``).
-FP32_ARCHS = cpu_archs()
+#: Every family vLLM's CPU backend runs in float32: the four Mamba2 hybrids, the gated delta
+#: nets (Qwen3-Next, Qwen3.5 dense and MoE, with the plugin's gated delta rule) and LFM2 (dense
+#: and MoE; exact since ``compat.flatten_cpu_rotary_inputs``). One representative per family in
+#: CI: the MoE twins of Qwen3.5 (a minute each with the sequential rule) are slow.
+SLOW_ARCHS = {"qwen3_5_moe"}
+FP32_ARCHS = [
+    pytest.param(arch, marks=pytest.mark.slow) if arch in SLOW_ARCHS else arch
+    for arch in cpu_archs()
+]
 
 
 def transformers_greedy(model_dir, prompts, max_tokens, dtype="float32"):

