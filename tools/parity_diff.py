@@ -45,6 +45,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--policy", default="stock")
     p.add_argument("--engine-json", default=None)
+    p.add_argument("--match-unit", type=int, default=None, help="the simulator's (ours: 1)")
     p.add_argument("--show", type=int, default=1, help="differing requests to detail")
     p.add_argument("--all", action="store_true", help="print every request")
     return p.parse_args(argv)
@@ -76,7 +77,9 @@ def run_simulator(
     sim_pool.SimPool._drop = dropped  # type: ignore[method-assign]
     try:
         waiting = [len(reqs) - 1 - i for i in range(len(reqs))]
-        rate = predict.predict_hit_rate(reqs, layout, args.policy, 1, args.warmup, waiting, hits)
+        rate = predict.predict_hit_rate(
+            reqs, layout, args.policy, 1, args.warmup, waiting, hits, args.match_unit
+        )
     finally:
         sim_pool.SimPool._drop = drop  # type: ignore[method-assign]
     return rate, hits, [e for e in log if e[0] >= args.warmup]
@@ -125,7 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     layout = PoolLayout(args.blocks, shape.block_tokens, 1 << 20, 1, shape.mamba_groups, "zamba2")
     if args.engine_json:
         data = json.loads(Path(args.engine_json).read_text())
-        row = next(r for r in data["rows"] if r["policy"] == args.policy)
+        rows = {r["policy"]: r for r in data["rows"]}
+        row = rows.get(args.policy) or rows["ours"]  # ours: the default policy's row
         for rec in row["records"]:
             engine[rec["index"]] = rec["cached_tokens"]
             outputs[rec["index"]] = rec["output_token_ids"]

@@ -55,3 +55,33 @@ def test_stock_prediction_is_vllms_request_by_request(
     assert not differ, f"(request, vLLM hit, simulator hit): {differ}"
     prompt = sum(r.prompt_tokens for r in reqs)
     assert rate == pytest.approx(sum(vllm) / prompt)
+
+
+@pytest.mark.parametrize(
+    ("trace", "n", "blocks", "agree"),
+    [("gen:agent", 80, 64, 14), ("gen:chat", 150, 96, 41)],
+)
+def test_ours_sub_block_states_match_the_engine_so_far(
+    model_dir: Path, trace: str, n: int, blocks: int, agree: int
+) -> None:
+    """``ours`` at its default match unit of one token, with ``predict_hit_rate(...,
+    match_unit=1)`` (opt-in): vLLM's prompt checkpoint at ``P - 1`` where the chunk exports it,
+    the block boundary after a sub-block hit, the prompt-floor stop where the pool fits it, the
+    answer's exact end. The engine's hits on gen:agent's first 14 requests and gen:chat's first
+    41 (the first to differ are r14 and r41: exact-junction stops and vLLM's KV-only prompt
+    tails are not modelled yet, and the engine's lookahead holds sub-block keys of the
+    waiting requests, which the simulator's does not); the block-unit prediction differs at
+    r2 (agent) and r7 (chat). The rows of the parity measurements (80 and 150 requests: every later request
+    waiting, the lookahead of the whole row), compared on their first ``agree``."""
+    reqs = _requests(trace, n)
+    shape = EngineShape(blocks=blocks)
+    harness = run_replay(model_dir, reqs, shape, policy="flop", warmup=2)
+    engine = engine_hits(harness, reqs)
+    layout = PoolLayout(blocks, shape.block_tokens, 1 << 20, 1, shape.mamba_groups, "zamba2")
+    sim: list[int] = []
+    waiting = [len(reqs) - 1 - i for i in range(len(reqs))]
+    predict_hit_rate(reqs, layout, "flop", 1, 2, waiting, hits_out=sim, match_unit=1)
+    assert any(h % shape.block_tokens for h in engine[:agree]), "sub-block hits must occur"
+    pairs = list(zip(reqs, engine, sim, strict=True))[:agree]
+    differ = [(r.index, e, s) for r, e, s in pairs if e != s]
+    assert not differ, f"(request, engine hit, simulator hit): {differ}"

@@ -38,6 +38,7 @@ from vllm_hybrid.core import (
     CostModel,
     EngineAdmission,
     load_shape,
+    optional_snapshots_fit,
     shape_name_for_model_type,
 )
 from vllm_hybrid.sim.replay import replay
@@ -75,6 +76,22 @@ class PoolLayout:
         shape = load_shape(shape_name_for_model_type(self.model_type))
         kv, state = self.kv_groups * self.page_bytes, self.state_groups * self.page_bytes
         return CostModel.from_pages(shape, self.block_tokens, kv, state)
+
+
+def sim_requests_exact(reqs: Sequence[BenchRequest]) -> list[SimRequest]:
+    """The requests with one segment per token (a prompt token's content id is its token id,
+    an answer token's unique to its prompt and place): every prefix, inside a block too, has
+    the key of its tokens, so exact-position states (an engine with a match unit below the
+    block) are matched where the engine's token hashes would match. ``exact_end``: the answer's
+    end can be matched (by the next turn that extends it; none in a replay's workloads)."""
+    out: list[SimRequest] = []
+    for r in reqs:
+        ids = r.prompt_token_ids
+        segments = tuple((tok, 1) for tok in ids)
+        if r.max_tokens > 1:
+            segments += tuple((hash(("answer", ids, j)), 1) for j in range(r.max_tokens - 1))
+        out.append(SimRequest(r.arrival_s * 1000.0, segments, len(ids), r.max_tokens, True))
+    return out
 
 
 def sim_requests(reqs: Sequence[BenchRequest], block_tokens: int) -> list[SimRequest]:
@@ -173,6 +190,7 @@ def predict_hit_rate(
     warmup: int = 0,
     waiting: Sequence[int] | None = None,
     hits_out: list[int] | None = None,
+    match_unit: int | None = None,
 ) -> float | None:
     """The simulator's token hit rate for row ``policy`` (None for rows it cannot model).
     ``in_flight=None``: one request at a time with the whole pool (the original prediction);
@@ -185,13 +203,25 @@ def predict_hit_rate(
     whose engine runs the index (every row but ``stock``, whose cache is vLLM's).
     ``hits_out``: each request's predicted hit tokens are appended to it (not the warm-up's).
     ``stock`` is replayed with vLLM's own free queue (``sim/pool.py``, ``vllm_queue``): pages
-    evicted one at a time in the order vLLM frees them, recomputed blocks' old pages kept."""
+    evicted one at a time in the order vLLM frees them, recomputed blocks' old pages kept.
+    ``match_unit`` (opt-in, not yet the default: docs/results/2026-12-07-parity.md): the
+    engine's prefix match unit for rows other than ``stock`` (ours: 1); below the block the
+    requests are keyed per token (:func:`sim_requests_exact`) and the engine's sub-block states
+    are taken (``EngineAdmission`` at that unit: vLLM's prompt checkpoint at ``P - 1`` where it
+    is exported, the block boundary after a sub-block hit, the prompt-floor stop where the
+    pool fits optional stops, the answer's exact end). Not modelled yet: exact-junction stops,
+    vLLM's KV-only prompt-tail entries, a partial block's KV as one page shared by its keys."""
     name = SIM_POLICY.get(policy, policy)
     if name not in POLICIES:
         return None
     cost = layout.cost_model()
     ranker = POLICIES[name](cost)
-    admission = EngineAdmission(ranker, layout.block_tokens)
+    unit = layout.block_tokens if policy == STOCK else (match_unit or layout.block_tokens)
+    admission = EngineAdmission(ranker, unit)
+    if unit < layout.block_tokens:
+        admission.optional_fit = lambda prompt: optional_snapshots_fit(
+            prompt, layout.block_tokens, layout.kv_groups, layout.state_groups, layout.blocks
+        )
     budget = layout.cache_bytes()
     n = 1 if in_flight is None else sim_in_flight(layout, in_flight)
     run = 0 if in_flight is None else running_bytes(layout)
@@ -204,9 +234,12 @@ def predict_hit_rate(
         ahead: Sequence[int] | None,
         out: list[int] | None = None,
     ) -> float:
-        keyed = [
-            KeyedRequest(r, layout.block_tokens) for r in sim_requests(batch, layout.block_tokens)
-        ]
+        sims = (
+            sim_requests_exact(batch)
+            if unit < layout.block_tokens
+            else sim_requests(batch, layout.block_tokens)
+        )
+        keyed = [KeyedRequest(r, layout.block_tokens) for r in sims]
         stats = replay(
             keyed,
             cost,

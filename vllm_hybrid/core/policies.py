@@ -28,6 +28,7 @@ the shared base in ``core/policy_base.py``, ``flop`` in ``core/flop.py``, ``bela
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 from vllm_hybrid.core.belady import BeladyOracle, BeladyPolicy
@@ -35,7 +36,7 @@ from vllm_hybrid.core.cost import CostModel
 from vllm_hybrid.core.flop import FlopPolicy
 from vllm_hybrid.core.learned import LearnedPolicy
 from vllm_hybrid.core.node import Node
-from vllm_hybrid.core.policy import AdmitContext, output_state_position
+from vllm_hybrid.core.policy import AdmitContext, output_state_position, prompt_floor_stop
 from vllm_hybrid.core.policy_base import PolicyBase, all_positions, leaf_segment
 from vllm_hybrid.core.sglang import (
     CHUNKED_PREFILL_TOKENS,
@@ -99,10 +100,24 @@ class EngineAdmission:
     def __init__(self, policy: object, unit_tokens: int) -> None:
         self.policy = policy
         self.unit_tokens = unit_tokens
+        #: at a unit below the block: whether a prompt of n tokens gets the optional stops
+        #: (``core.policy.optional_snapshots_fit`` on the engine's pool)
+        self.optional_fit: Callable[[int], bool] | None = None
 
     def snapshot_positions(self, ctx: AdmitContext) -> list[int]:
         out = align_mode_positions(ctx)
         b, prompt = ctx.block_tokens, ctx.prompt_tokens
+        u = self.unit_tokens
+        if u < b:
+            fits = self.optional_fit is not None and self.optional_fit(prompt)
+            out = [p for p in out if p != (prompt - 1) // b * b] + _unit_prompt_stops(ctx, u, fits)
+            if ctx.exact_end:
+                kept = output_state_position(
+                    self.policy, prompt, ctx.cacheable_tokens, b, u, hit_tokens=ctx.hit_tokens
+                )
+                if kept:
+                    out.append(kept)
+            return sorted(set(out))
         for end in range((prompt // b + 1) * b, ctx.cacheable_tokens + 1, b):
             kept = output_state_position(
                 self.policy, prompt, end, b, self.unit_tokens, hit_tokens=ctx.hit_tokens
@@ -110,6 +125,34 @@ class EngineAdmission:
             if kept == end:
                 out.append(end)
         return out
+
+
+def _unit_prompt_stops(ctx: AdmitContext, unit: int, optional: bool) -> list[int]:
+    """Where vLLM 0.32's align mode keeps a prompt's states at a match unit ``unit`` below the
+    block, with a prefill checkpoint block (the CPU engine's): a hit inside a block resumes
+    with a chunk to the next block boundary, whose state is kept; the prompt's last chunk
+    exports the state at ``P - 1`` floored to the unit as a checkpoint
+    (``MambaManager._needs_internal_checkpoint``, ``is_mamba_prefill_checkpoint_valid``) only
+    where the chunk's initial state lies in a block before the checkpoint's (the block before
+    the prompt's last one); else no state is kept at the prompt's end. Junctions (the KV match
+    past the hit) end a chunk too (``align_mode_positions``)."""
+    b, prompt, hit = ctx.block_tokens, ctx.prompt_tokens, ctx.hit_tokens
+    out = []
+    start = hit
+    if hit % b and -(-hit // b) * b < prompt:
+        start = -(-hit // b) * b
+        out.append(start)
+    if ctx.kv_tokens > hit:
+        start = max(start, ctx.kv_tokens)
+    floor = prompt_floor_stop(prompt, hit, b, unit) if optional else 0
+    if floor:
+        out.append(floor)
+        start = max(start, floor)
+    exact = (prompt - 1) // unit * unit
+    checkpoint_col = -(-prompt // b) - 2
+    if checkpoint_col > (start - 1) // b and start + unit <= exact and start < exact < prompt:
+        out.append(exact)
+    return out
 
 
 class LruDensePolicy(VllmPolicy):

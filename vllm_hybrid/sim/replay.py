@@ -130,6 +130,7 @@ def _commit(
     t: int,
     window: _Window | None = None,
     kv_end_tokens: int | None = None,
+    sub_block: bool = False,
 ) -> None:
     b = pool.block_tokens
     wanted = set(positions)
@@ -143,18 +144,34 @@ def _commit(
     pool.make_room(*_new_bytes(pool, kr, m, wanted, n_blocks))  # at once, as engines allocate
     for pos in sorted(p for p in wanted if p % b == 0 and 0 < p <= m.kv_tokens):
         _admit_snapshot(pool, h, m.kv_nodes[pos // b - 1], t, window)
+    end = kr.req.cacheable_tokens
+    inner = sorted(p for p in wanted if p % b and p < end) if sub_block else []
+    _admit_partials(pool, kr, h, inner, t)
     for i in range(len(m.kv_nodes), n_blocks):
         node = pool.insert_block(h, kr.keys[i], origin=t)
         if node is None:
             return  # budget full of held pages: the rest is not cached
         if node.end_tokens in wanted:
             _admit_snapshot(pool, h, node, t, window)
-    end = kr.req.cacheable_tokens
+        _admit_partials(pool, kr, h, inner, t)
     tail = kr.tail_key
     if end in wanted and end % b and tail is not None and h.node.end_tokens == end // b * b:
         partial = pool.admit_partial(h, tail, end % b, origin=t)
         if window is not None and partial is not None:
             window.extra.append(pool.lock(partial))  # the request's state: held while it runs
+
+
+def _admit_partials(
+    pool: SimPool, kr: KeyedRequest, h: LockHandle, positions: list[int], t: int
+) -> None:
+    """Keep the exact-position states of ``positions`` (sorted, inside the content, not block
+    ends) that lie in the block after the handle's node: its first ``p % B`` tokens' KV and
+    the state at ``p`` (an exact prompt end, junction). Positions the handle has passed go."""
+    b, at = pool.block_tokens, h.node.end_tokens
+    while positions and positions[0] < at + b:
+        pos = positions.pop(0)
+        if pos > at:
+            pool.admit_partial(h, kr.probe(at // b, pos - at), pos - at, origin=t)
 
 
 def _kept_blocks(kr: KeyedRequest, kv_end_tokens: int | None) -> int:
@@ -301,9 +318,11 @@ def _serve(run: _Run, kr: KeyedRequest, t: int) -> None:
     )
     positions = run.admission.snapshot_positions(ctx)  # type: ignore[attr-defined]
     kv_end = getattr(run.admission, "kv_end_tokens", None)
-    _commit(
-        pool, kr, m, h, positions, t, window, None if kv_end is None else kv_end(ctx, positions)
-    )
+    # an engine's admission at a match unit below the block keeps exact states inside the
+    # content too (EngineAdmission: a prompt's P - 1, a block boundary after a sub-block hit)
+    sub_block = getattr(run.admission, "unit_tokens", pool.block_tokens) < pool.block_tokens
+    kv_end_tokens = None if kv_end is None else kv_end(ctx, positions)
+    _commit(pool, kr, m, h, positions, t, window, kv_end_tokens, sub_block and req.exact_end)
     if req.output_tokens > 1:  # its first decode step frees the states it computed past
         pool.flush_free()
     # The engine learns of a request once vLLM's allocate_slots has cached its blocks
