@@ -71,8 +71,9 @@ def test_ours_sub_block_states_match_the_engine_so_far(
     41 (the first to differ are r14 and r41: exact-junction stops and vLLM's KV-only prompt
     tails are not modelled yet, and the engine's lookahead holds sub-block keys of the
     waiting requests, which the simulator's does not); the block-unit prediction differs at
-    r2 (agent) and r7 (chat). The rows of the parity measurements (80 and 150 requests: every later request
-    waiting, the lookahead of the whole row), compared on their first ``agree``."""
+    r2 (agent) and r7 (chat). The rows of the parity measurements (80 and 150 requests: every
+    later request waiting, the lookahead of the whole row), compared on their first
+    ``agree``."""
     reqs = _requests(trace, n)
     shape = EngineShape(blocks=blocks)
     harness = run_replay(model_dir, reqs, shape, policy="flop", warmup=2)
