@@ -15,6 +15,10 @@ TORCH_LIBRARY(vllm_hybrid, m) {
       "store_prefill_checkpoint(Tensor x, Tensor(a!) conv_state, Tensor chunk_states, "
       "Tensor(b!) ssm_state, Tensor query_start_loc, Tensor checkpoint_offsets, "
       "Tensor state_indices, Tensor chunk_idx, int state_len) -> ()");
+  m.def(
+      "gated_delta_rule_fwd(Tensor(a!) out, Tensor q, Tensor k, Tensor v, Tensor g, "
+      "Tensor beta, Tensor(b!) state, Tensor cu_seqlens, Tensor? state_indices, "
+      "Tensor? has_initial_state, float scale, bool output_final_state) -> ()");
   m.def("snapshot_copy(Tensor[] src_tensors, Tensor(a!)[] dst_tensors, Tensor pairs) -> ()");
   m.def(
       "snapshot_quantize_int8(Tensor[] states, Tensor(a!)[] q_tensors, Tensor(b!)[] scales, "
@@ -27,6 +31,7 @@ TORCH_LIBRARY(vllm_hybrid, m) {
 TORCH_LIBRARY_IMPL(vllm_hybrid, CPU, m) {
   m.impl("ssd_scan_fwd", &vllm_hybrid::ssd_scan_fwd);
   m.impl("store_prefill_checkpoint", &vllm_hybrid::store_prefill_checkpoint);
+  m.impl("gated_delta_rule_fwd", &vllm_hybrid::gated_delta_rule_fwd);
   m.impl("snapshot_copy", &vllm_hybrid::snapshot_copy);
   m.impl("snapshot_quantize_int8", &vllm_hybrid::snapshot_quantize_int8);
   m.impl("snapshot_dequantize_int8", &vllm_hybrid::snapshot_dequantize_int8);

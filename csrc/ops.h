@@ -21,6 +21,14 @@ void store_prefill_checkpoint(const at::Tensor& x, at::Tensor& conv_state,
                               const at::Tensor& state_indices, const at::Tensor& chunk_idx,
                               int64_t state_len);
 
+// Gated delta rule, float32, sequential over tokens (csrc/cpu/gdn.cpp).
+void gated_delta_rule_fwd(at::Tensor& out, const at::Tensor& q, const at::Tensor& k,
+                          const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
+                          at::Tensor& state, const at::Tensor& cu_seqlens,
+                          const std::optional<at::Tensor>& state_indices,
+                          const std::optional<at::Tensor>& has_initial_state, double scale,
+                          bool output_final_state);
+
 // Snapshot ops (csrc/cpu/snapshot*.cpp; CUDA twins in csrc/cuda/, registered there).
 void snapshot_copy(at::TensorList src_tensors, at::TensorList dst_tensors,
                    const at::Tensor& pairs);

@@ -16,8 +16,24 @@ key heads, value head ``h`` reads key head ``h // (Hv / Hk)``.
 
 Why sequential: the state after ``n`` tokens is then the same bits however the tokens were cut
 into prefill chunks, so a run that resumes from a cached state continues exactly as a run
-that never stopped (vLLM's CPU GDN ops are bfloat16-only and chunked). The cost is a Python
-loop over tokens: fine for tests and tiny models, not a production kernel.
+that never stopped (vLLM's CPU GDN ops are bfloat16-only and chunked).
+
+Two implementations with the same bits (docs/kernels.md, "gated_delta_rule"):
+
+- ``gated_delta_rule``: the C++ op (csrc/cpu/gdn.cpp), all sequences of a batch in one call,
+  states in a pool addressed by slot; parallel over (sequence, value head, 16 value columns).
+- ``gated_delta_rule_ref``: its pure-torch twin, one sequence, a Python loop over tokens
+  (``gated_delta_rule_varlen_ref`` loops it over a batch with the op's signature).
+
+Both fix every rounding: each product and sum is one float32 operation (no fused multiply-add),
+every sum over ``K`` runs in the order of :func:`lane_sum` (16 lanes, then a halving tree),
+``exp(g)`` is computed in float64 and rounded once, the norm is ``x * (1 / sqrt(sum x^2 +
+eps))`` with an IEEE (correctly rounded) float32 sqrt and division. Nothing depends on the
+vector width, the batch layout or the position of a token in a tensor, so the op equals the
+twin bit for bit (the tests assert it) and both are exact under any chunking.
+:func:`gdn_gating_ref` computes the gates in float64 for the same reason: torch's float32
+``softplus`` / ``sigmoid`` give different bits in the vectorised body and the scalar tail of a
+tensor, i.e. for one token depending on where the batch put it.
 """
 
 from __future__ import annotations
@@ -25,20 +41,66 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from vllm_hybrid.ops._loader import op
+
 #: L2-norm epsilon of q and k (FLA's, vLLM's and transformers').
 L2_EPS = 1e-6
+
+#: Accumulator lanes of every sum over K (csrc/cpu/gdn.cpp's kLanes; they must agree).
+LANES = 16
 
 
 def gdn_gating_ref(
     A_log: torch.Tensor, a: torch.Tensor, b: torch.Tensor, dt_bias: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(g, beta)`` of shape ``[T, Hv]`` in float32 from ``a, b`` of shape ``[T, Hv]``."""
-    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
-    return g, b.float().sigmoid()
+    """``(g, beta)`` of shape ``[T, Hv]`` in float32 from ``a, b`` of shape ``[T, Hv]``.
+
+    Computed in float64 and rounded once: the bits of a token's gates do not depend on where
+    it sits in the batch (torch's float32 softplus and sigmoid differ between the vectorised
+    body and the scalar tail of a tensor)."""
+    g = -A_log.double().exp() * F.softplus(a.double() + dt_bias.double())
+    return g.float(), b.double().sigmoid().float()
+
+
+def lane_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sum over ``dim`` in the op's order: element ``i`` goes to lane ``i % 16``, each lane adds
+    its elements in index order (starting from the first, not from 0), then the lanes are
+    folded by halving: with ``n`` lanes left and ``h = ceil(n / 2)``, lane ``i`` += lane
+    ``i + h`` for ``i < n - h``, until one is left. Every step is an elementwise float32 add."""
+    n = x.shape[dim]
+    if n == 0:
+        return torch.zeros_like(x.narrow(dim, 0, 0).sum(dim))
+    lanes = min(LANES, n)
+    acc = x.narrow(dim, 0, lanes).clone()
+    for start in range(lanes, n, lanes):
+        width = min(lanes, n - start)
+        acc.narrow(dim, 0, width).add_(x.narrow(dim, start, width))
+    while lanes > 1:
+        half = (lanes + 1) // 2
+        acc.narrow(dim, 0, lanes - half).add_(acc.narrow(dim, half, lanes - half))
+        lanes = half
+    return acc.narrow(dim, 0, 1).squeeze(dim)
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + L2_EPS)
+    # sqrt in float64, rounded once: the correctly rounded float32 sqrt (C's sqrtf). torch's
+    # float32 sqrt on CPU is not (MKL's vector math: about 15% of inputs differ by an ulp).
+    root = torch.sqrt((lane_sum(x * x, -1) + L2_EPS).double()).float()
+    return x * root.reciprocal().unsqueeze(-1)
+
+
+def _check(q: torch.Tensor, v: torch.Tensor, state: torch.Tensor, pooled: bool) -> None:
+    if state.dtype != torch.float32:
+        raise TypeError(f"the gated delta rule state must be float32, got {state.dtype}")
+    hk, dk = q.shape[1], q.shape[2]
+    hv, dv = v.shape[1], v.shape[2]
+    shape = tuple(state.shape[1:]) if pooled else tuple(state.shape)
+    if hv % hk or shape != (hv, dk, dv) or (pooled and state.dim() != 4):
+        want = f"(slots, {hv}, {dk}, {dv})" if pooled else f"({hv}, {dk}, {dv})"
+        raise ValueError(
+            f"shapes do not fit: q/k {tuple(q.shape)}, v {tuple(v.shape)}, "
+            f"state {tuple(state.shape)} (want {want}, Hv a multiple of Hk)"
+        )
 
 
 def gated_delta_rule_ref(
@@ -55,25 +117,109 @@ def gated_delta_rule_ref(
     ``[Hv, K, V]`` float32, the state before the first token, updated in place to the state
     after the last one.
     """
-    if state.dtype != torch.float32:
-        raise TypeError(f"the gated delta rule state must be float32, got {state.dtype}")
+    _check(q, v, state, pooled=False)
     tokens, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
-    if hv % hk or state.shape != (hv, dk, dv):
-        raise ValueError(
-            f"shapes do not fit: q/k {tuple(q.shape)}, v {tuple(v.shape)}, "
-            f"state {tuple(state.shape)} (want ({hv}, {dk}, {dv}), Hv a multiple of Hk)"
-        )
     group = hv // hk
     q = _l2norm(q.float()).repeat_interleave(group, dim=1) * (dk**-0.5)
     k = _l2norm(k.float()).repeat_interleave(group, dim=1)
-    v, decay, beta = v.float(), g.float().exp(), beta.float()
+    v, decay, beta = v.float(), g.double().exp().float(), beta.float()
     out = torch.empty(tokens, hv, dv, dtype=torch.float32, device=v.device)
     s = state
     for t in range(tokens):
         s.mul_(decay[t, :, None, None])
         kt = k[t, :, :, None]  # [Hv, K, 1]
-        delta = (v[t] - (s * kt).sum(dim=1)) * beta[t, :, None]  # [Hv, V]
+        delta = (v[t] - lane_sum(s * kt, 1)) * beta[t, :, None]  # [Hv, V]
         s.add_(kt * delta[:, None, :])
-        out[t] = (s * q[t, :, :, None]).sum(dim=1)
+        out[t] = lane_sum(s * q[t, :, :, None], 1)
+    return out
+
+
+def gated_delta_rule_varlen_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    *,
+    cu_seqlens: torch.Tensor,
+    state_indices: torch.Tensor | None = None,
+    has_initial_state: torch.Tensor | None = None,
+    output_final_state: bool = True,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Pure-torch twin of :func:`gated_delta_rule` with ``cu_seqlens``: ``gated_delta_rule_ref``
+    per sequence, from and into its pool slot."""
+    _check(q, v, state, pooled=True)
+    if out is None:
+        out = torch.empty(q.shape[0], v.shape[1], v.shape[2], dtype=torch.float32)
+    bounds = cu_seqlens.tolist()
+    slots = range(len(bounds) - 1) if state_indices is None else state_indices.tolist()
+    for seq, slot in enumerate(slots):
+        lo, hi = bounds[seq], bounds[seq + 1]
+        if hi == lo or slot < 0:  # an empty sequence, or a padded slot (vLLM's PAD_SLOT_ID)
+            continue
+        fresh = has_initial_state is not None and not bool(has_initial_state[seq])
+        run = torch.zeros_like(state[slot]) if fresh else state[slot].clone()
+        out[lo:hi] = gated_delta_rule_ref(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], run)
+        if output_final_state:
+            state[slot].copy_(run)
+    return out
+
+
+def gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    *,
+    cu_seqlens: torch.Tensor | None = None,
+    state_indices: torch.Tensor | None = None,
+    has_initial_state: torch.Tensor | None = None,
+    output_final_state: bool = True,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The C++ op (csrc/cpu/gdn.cpp); the same bits as the twins.
+
+    Without ``cu_seqlens``: one sequence, exactly :func:`gated_delta_rule_ref`'s contract
+    (``state`` ``[Hv, K, V]`` updated in place). With it, a batch:
+
+    - ``q, k``: ``[T, Hk, K]``; ``v``: ``[T, Hv, V]``; ``g, beta``: ``[T, Hv]``; any float
+      dtype (read as float32), any strides.
+    - ``state``: ``[slots, Hv, K, V]`` float32, each slot's ``[Hv, K, V]`` contiguous (slots
+      may be padded: any ``stride(0)``), e.g. vLLM's ``ssm_state`` viewed as ``[K, V]``.
+    - ``cu_seqlens``: ``[B + 1]`` int, sequence starts in the token dim.
+    - ``state_indices``: ``[B]`` int or None (sequence ``b`` uses slot ``b``); a negative slot
+      skips its sequence (nothing is read or written, as vLLM's ``PAD_SLOT_ID``).
+    - ``has_initial_state``: ``[B]`` bool or None (all True); False starts from zeros.
+    - ``output_final_state``: write each sequence's final state into its slot (else ``state``
+      is only read). Two sequences may not write one slot.
+    - ``out``: ``[T, Hv, V]`` float32, any strides, or None (allocated); rows of skipped
+      sequences are left untouched. Returned.
+    """
+    single = cu_seqlens is None
+    _check(q, v, state, pooled=not single)
+    tokens, dk = q.shape[0], q.shape[2]
+    if single:
+        state = state.unsqueeze(0)
+        cu_seqlens = torch.tensor([0, tokens], dtype=torch.int64)
+    if out is None:
+        out = torch.empty(tokens, v.shape[1], v.shape[2], dtype=torch.float32)
+    op("gated_delta_rule_fwd")(
+        out,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        state,
+        cu_seqlens,
+        state_indices,
+        has_initial_state,
+        float(dk**-0.5),
+        output_final_state,
+    )
     return out
