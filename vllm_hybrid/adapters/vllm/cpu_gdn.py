@@ -12,9 +12,10 @@ elsewhere and its greedy outputs differ from caching off (docs/cpu_prefix_cachin
 function unchanged. For float32 it runs the same steps as vLLM's non-speculative path (the
 causal conv through vLLM's own torch conv functions, the gates, the rule), with the gates and
 the rule from :mod:`vllm_hybrid.ops.gdn`: a sequential float32 recurrence whose state does not
-depend on where prefill chunks end. ``patch_cpu_gdn_fp32`` installs it before the op is
-registered (``plugin.register``, CPU only, vLLM 0.32.0 only). Speculative decoding (a wide
-conv buffer) is refused in float32.
+depend on where prefill chunks end (the C++ op ``gated_delta_rule``, or its pure-torch twin
+where the extension is not built; the same bits). ``patch_cpu_gdn_fp32`` installs it before
+the op is registered (``plugin.register``, CPU only, vLLM 0.32.0 only). Speculative decoding
+(a wide conv buffer) is refused in float32.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from vllm_hybrid.adapters.vllm.compat.patches import (
     forward_context_layer,
     replace_cpu_gdn_attention_core,
 )
-from vllm_hybrid.ops.gdn import gated_delta_rule_ref, gdn_gating_ref
+from vllm_hybrid.ops import extension_available
+from vllm_hybrid.ops.gdn import gated_delta_rule, gated_delta_rule_ref, gdn_gating_ref
 
 logger = logging.getLogger("vllm_hybrid")
 
@@ -151,10 +153,26 @@ def _rule(
     ssm_state: torch.Tensor,
     out: torch.Tensor,
 ) -> None:
-    """The gates and the rule per sequence, each from and into its state slot."""
+    """The gates and the rule per sequence, each from and into its state slot: one call of
+    the C++ op for the batch, or the pure-torch twin per sequence without the extension."""
     query, key, value = layer.rearrange_mixed_qkv(x)  # (1, tokens, heads, dim) each
     query, key, value = query[0], key[0], value[0]
     g, beta = gdn_gating_ref(layer.A_log, a, b, layer.dt_bias)
+    if extension_available():
+        # a padded slot (PAD_SLOT_ID, negative) is skipped by the op, as vLLM's conv skips it
+        gated_delta_rule(
+            query,
+            key,
+            value,
+            g,
+            beta,
+            ssm_state,
+            cu_seqlens=starts,
+            state_indices=indices,
+            has_initial_state=initial,
+            out=out,
+        )
+        return
     from vllm.v1.attention.backends.utils import PAD_SLOT_ID
 
     bounds = starts.tolist()
