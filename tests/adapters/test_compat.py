@@ -283,6 +283,17 @@ def test_contract_evict_cached_block() -> None:
     assert compat.evict_cached_block(pool, blocks[1]) is False  # never cached
 
 
+def test_contract_observe_hash_removals() -> None:
+    pool = BlockPool(num_gpu_blocks=8, enable_caching=True, hash_block_size=4)
+    assert "self._remove_cached_block_hashes(block)" in source(BlockPool._maybe_evict_cached_block)
+    seen: list[tuple[int, int]] = []
+    assert compat.observe_hash_removals(pool, lambda b, keys: seen.append((b.block_id, len(keys))))
+    blocks = pool.get_new_blocks(2)
+    pool.cache_full_blocks(fake_request(1), blocks[:1], 0, 1, 4, 0)
+    assert compat.evict_cached_block(pool, blocks[0]) and seen == [(blocks[0].block_id, 1)]
+    assert not compat.evict_cached_block(pool, blocks[1]) and len(seen) == 1  # held nothing
+
+
 def test_contract_notify_reuse() -> None:
     pool = BlockPool(num_gpu_blocks=8, enable_caching=True, hash_block_size=4)
     assert pool._reuse_watchers == {}

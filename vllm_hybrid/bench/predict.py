@@ -3,7 +3,8 @@
 The engine row reports its pool layout (:class:`PoolLayout`); the simulator (``sim/replay.py``)
 then replays the very token ids the engine saw, in arrival order, one request at a time, with
 the same policy object the engine's scheduler ran (``stock`` is modelled by the ``vllm`` policy,
-vLLM's align mode) over the same index code (``core/index/``), snapshots where the engine takes
+vLLM's align mode, with evictions from vLLM's own free queue: ``SimPool(vllm_queue=N)``) over
+the same index code (``core/index/``), snapshots where the engine takes
 them (``core/policies.py::EngineAdmission``: vLLM's align mode and the answer ends the policy
 keeps; a ``flop`` of its own would also take periodic checkpoints and exact ends the engine does
 not), bytes counted in the engine's pages and a budget of the
@@ -217,11 +218,13 @@ def predict_hit_rate(
     cost = layout.cost_model()
     ranker = POLICIES[name](cost)
     unit = layout.block_tokens if policy == STOCK else (match_unit or layout.block_tokens)
-    admission = EngineAdmission(ranker, unit)
-    if unit < layout.block_tokens:
-        admission.optional_fit = lambda prompt: optional_snapshots_fit(
+
+    def optional_fit(prompt: int) -> bool:
+        return optional_snapshots_fit(
             prompt, layout.block_tokens, layout.kv_groups, layout.state_groups, layout.blocks
         )
+
+    admission = EngineAdmission(ranker, unit, optional_fit if unit < layout.block_tokens else None)
     budget = layout.cache_bytes()
     n = 1 if in_flight is None else sim_in_flight(layout, in_flight)
     run = 0 if in_flight is None else running_bytes(layout)

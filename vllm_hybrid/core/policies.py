@@ -97,12 +97,17 @@ class EngineAdmission:
     plus answer but its last token). The simulator replays an engine row with it
     (``bench/predict.py``)."""
 
-    def __init__(self, policy: object, unit_tokens: int) -> None:
+    def __init__(
+        self,
+        policy: object,
+        unit_tokens: int,
+        optional_fit: Callable[[int], bool] | None = None,
+    ) -> None:
         self.policy = policy
         self.unit_tokens = unit_tokens
         #: at a unit below the block: whether a prompt of n tokens gets the optional stops
         #: (``core.policy.optional_snapshots_fit`` on the engine's pool)
-        self.optional_fit: Callable[[int], bool] | None = None
+        self.optional_fit = optional_fit
 
     def snapshot_positions(self, ctx: AdmitContext) -> list[int]:
         out = align_mode_positions(ctx)

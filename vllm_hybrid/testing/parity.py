@@ -96,19 +96,14 @@ class ParityHarness:
         self._wrap_pool()
 
     def _wrap_pool(self) -> None:
-        pool, log = self.pool, self.log
-        remove = pool._remove_cached_block_hashes
+        from vllm_hybrid.adapters.vllm.compat import observe_hash_removals
 
-        def removed(block: Any) -> Any:
-            hashes = list(pool.cached_block_hashes_by_block.get(block.block_id, ()))
-            if block.block_hash is not None and block.block_hash not in hashes:
-                hashes.append(block.block_hash)
-            out = remove(block)
-            if out:
-                log.extend((self.current, h) for h in hashes)
-            return out
+        log = self.log
 
-        pool._remove_cached_block_hashes = removed
+        def removed(block: Any, keys: list[Any]) -> None:
+            log.extend((self.current, h) for h in keys)
+
+        observe_hash_removals(self.pool, removed)
 
     def add(self, rid: str, prompt: Sequence[int], max_tokens: int, outputs: Sequence[int]) -> None:
         from vllm.sampling_params import SamplingParams

@@ -41,6 +41,7 @@ WHERE = {
     "drop_cached_hashes": "block_pool",
     "evict_cached_block": "block_pool",
     "notify_reuse": "block_pool",
+    "observe_hash_removals": "block_pool",
     "install_scheduler_selector": "patches",
     "wrap_engine_config": "patches",
     "declare_scheduler_stats_field": "patches",

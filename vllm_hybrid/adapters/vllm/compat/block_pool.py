@@ -4,7 +4,7 @@ helpers an eviction needs; and the class swap that installs a subclass on vLLM's
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from vllm.v1.core.block_pool import BlockPool
@@ -122,3 +122,29 @@ def notify_reuse(pool: BlockPool, blocks: Iterable[KVCacheBlock]) -> None:
     forget the reuse watcher of each handed-out block (``_reuse_watchers``, ``_notify_reuse``)."""
     if pool._reuse_watchers:
         pool._notify_reuse(blocks)
+
+
+def observe_hash_removals(
+    pool: BlockPool, observe: Callable[[KVCacheBlock, list[BlockHashWithGroupId]], None]
+) -> bool:
+    """Wrap ``BlockPool._remove_cached_block_hashes(block)`` on one pool instance so that
+    ``observe(block, keys)`` hears of every key a block loses, with the keys it held before
+    (``cached_block_hashes_by_block`` and ``block_hash``), after vLLM removed them; a call that
+    removes nothing is not reported. For test harnesses on a pool that is not ours
+    (``testing/parity.py``: the eviction log of vLLM's own cache). False (nothing wrapped) on
+    another vLLM release."""
+    if not check_vllm_version("hash-removal observer"):
+        return False
+    remove = pool._remove_cached_block_hashes
+
+    def removed(block: KVCacheBlock) -> list[BlockHashWithGroupId]:
+        held = list(pool.cached_block_hashes_by_block.get(block.block_id, ()))
+        if block.block_hash is not None and block.block_hash not in held:
+            held.append(block.block_hash)
+        out = remove(block)
+        if out:
+            observe(block, held)
+        return out
+
+    pool._remove_cached_block_hashes = removed  # type: ignore[method-assign]
+    return True
