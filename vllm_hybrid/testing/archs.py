@@ -477,9 +477,7 @@ ARCHS: dict[str, ArchSpec] = {
             ("float32", "bfloat16"),
             _QWEN3_NEXT,
         ),
-        ArchSpec(
-            "qwen3_5", "qwen3_5_text", "gated_delta_net", _qwen3_5, ("float32",), _QWEN3_5
-        ),
+        ArchSpec("qwen3_5", "qwen3_5_text", "gated_delta_net", _qwen3_5, ("float32",), _QWEN3_5),
         ArchSpec(
             "qwen3_5_moe",
             "qwen3_5_moe_text",
