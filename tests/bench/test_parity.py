@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,6 +36,32 @@ def _requests(trace: str, n: int, scale: float = 0.25) -> list:
     return build_workload(itertools.islice(iter_source(trace), 0, None), n, scale, 4096, 4)
 
 
+def _engine_and_prediction(
+    model_dir: Path, trace: str, n: int, blocks: int, policy: str, match_unit: int | None = None
+) -> tuple[list[Any], Any, list[int], list[int], float]:
+    """``trace``'s first ``n`` requests one at a time through vLLM's scheduler with no model
+    (``run_replay``) and through the simulator (``predict_hit_rate``, every later request
+    waiting): (requests, harness, engine hits, simulated hits, predicted rate)."""
+    reqs = _requests(trace, n)
+    shape = EngineShape(blocks=blocks)
+    harness = run_replay(model_dir, reqs, shape, policy=policy, warmup=2)
+    engine = engine_hits(harness, reqs)
+    layout = PoolLayout(blocks, shape.block_tokens, 1 << 20, 1, shape.mamba_groups, "zamba2")
+    sim: list[int] = []
+    waiting = [len(reqs) - 1 - i for i in range(len(reqs))]
+    rate = predict_hit_rate(
+        reqs,
+        layout,
+        policy,
+        1,
+        2,
+        waiting,
+        hits_out=sim,
+        match_unit=match_unit,
+    )
+    return reqs, harness, engine, sim, rate
+
+
 @pytest.mark.parametrize(
     ("trace", "n", "blocks"),
     [("gen:agent", 30, 64), ("gen:chat", 60, 48)],
@@ -42,14 +69,7 @@ def _requests(trace: str, n: int, scale: float = 0.25) -> list:
 def test_stock_prediction_is_vllms_request_by_request(
     model_dir: Path, trace: str, n: int, blocks: int
 ) -> None:
-    reqs = _requests(trace, n)
-    shape = EngineShape(blocks=blocks)
-    harness = run_replay(model_dir, reqs, shape, policy="stock", warmup=2)
-    vllm = engine_hits(harness, reqs)
-    layout = PoolLayout(blocks, shape.block_tokens, 1 << 20, 1, shape.mamba_groups, "zamba2")
-    sim: list[int] = []
-    waiting = [len(reqs) - 1 - i for i in range(len(reqs))]
-    rate = predict_hit_rate(reqs, layout, "stock", 1, 2, waiting, hits_out=sim)
+    reqs, harness, vllm, sim, rate = _engine_and_prediction(model_dir, trace, n, blocks, "stock")
     assert harness.log, "the pool must evict for the test to mean anything"
     differ = [(r.index, v, s) for r, v, s in zip(reqs, vllm, sim, strict=True) if v != s]
     assert not differ, f"(request, vLLM hit, simulator hit): {differ}"
@@ -74,15 +94,9 @@ def test_ours_sub_block_states_match_the_engine_so_far(
     r2 (agent) and r7 (chat). The rows of the parity measurements (80 and 150 requests: every
     later request waiting, the lookahead of the whole row), compared on their first
     ``agree``."""
-    reqs = _requests(trace, n)
-    shape = EngineShape(blocks=blocks)
-    harness = run_replay(model_dir, reqs, shape, policy="flop", warmup=2)
-    engine = engine_hits(harness, reqs)
-    layout = PoolLayout(blocks, shape.block_tokens, 1 << 20, 1, shape.mamba_groups, "zamba2")
-    sim: list[int] = []
-    waiting = [len(reqs) - 1 - i for i in range(len(reqs))]
-    predict_hit_rate(reqs, layout, "flop", 1, 2, waiting, hits_out=sim, match_unit=1)
-    assert any(h % shape.block_tokens for h in engine[:agree]), "sub-block hits must occur"
+    reqs, _, engine, sim, _ = _engine_and_prediction(model_dir, trace, n, blocks, "flop", 1)
+    block = EngineShape(blocks=blocks).block_tokens
+    assert any(h % block for h in engine[:agree]), "sub-block hits must occur"
     pairs = list(zip(reqs, engine, sim, strict=True))[:agree]
     differ = [(r.index, e, s) for r, e, s in pairs if e != s]
     assert not differ, f"(request, engine hit, simulator hit): {differ}"

@@ -36,19 +36,12 @@ def _inputs(tokens: int, hk: int, hv: int, dk: int, dv: int, seed: int = 0):
     return q, k, v, g, beta, A_log, a, b, dt_bias
 
 
-@pytest.mark.parametrize(
-    "tokens, hk, hv, dk, dv, initial",
-    [(1, 1, 1, 8, 8, False), (37, 2, 4, 16, 24, True), (65, 3, 3, 7, 5, False)],
-)
-def test_equals_transformers_recurrence(tokens, hk, hv, dk, dv, initial):
+def assert_equals_transformers(q, k, v, g, beta, start, out, state) -> None:
+    """``out`` and the final ``state`` (from ``start``) == transformers' sequential rule
+    (``torch_recurrent_gated_delta_rule``, key heads repeated for GQA) to 1e-5."""
     from transformers.models.qwen3_next import modeling_qwen3_next as qwen3_next
 
-    q, k, v, g, beta, *_ = _inputs(tokens, hk, hv, dk, dv)
-    gen = torch.Generator().manual_seed(1)
-    start = torch.randn(hv, dk, dv, generator=gen) if initial else torch.zeros(hv, dk, dv)
-    state = start.clone()
-    out = gated_delta_rule_ref(q, k, v, g, beta, state)
-    group = hv // hk
+    group = v.shape[1] // q.shape[1]
     want, want_state = qwen3_next.torch_recurrent_gated_delta_rule(
         q.repeat_interleave(group, dim=1)[None],
         k.repeat_interleave(group, dim=1)[None],
@@ -61,6 +54,19 @@ def test_equals_transformers_recurrence(tokens, hk, hv, dk, dv, initial):
     )
     torch.testing.assert_close(out, want[0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(state, want_state[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "tokens, hk, hv, dk, dv, initial",
+    [(1, 1, 1, 8, 8, False), (37, 2, 4, 16, 24, True), (65, 3, 3, 7, 5, False)],
+)
+def test_equals_transformers_recurrence(tokens, hk, hv, dk, dv, initial):
+    q, k, v, g, beta, *_ = _inputs(tokens, hk, hv, dk, dv)
+    gen = torch.Generator().manual_seed(1)
+    start = torch.randn(hv, dk, dv, generator=gen) if initial else torch.zeros(hv, dk, dv)
+    state = start.clone()
+    out = gated_delta_rule_ref(q, k, v, g, beta, state)
+    assert_equals_transformers(q, k, v, g, beta, start, out, state)
 
 
 def test_gating_formula():
@@ -208,25 +214,11 @@ def test_op_single_sequence_form_equals_ref():
 @requires_ext
 @pytest.mark.parametrize("tokens, hk, hv, dk, dv", [(37, 2, 4, 16, 24), (65, 3, 3, 7, 5)])
 def test_op_equals_transformers_recurrence(tokens, hk, hv, dk, dv):
-    from transformers.models.qwen3_next import modeling_qwen3_next as qwen3_next
-
     q, k, v, g, beta, *_ = _inputs(tokens, hk, hv, dk, dv, seed=2)
     start = torch.randn(hv, dk, dv, generator=torch.Generator().manual_seed(1))
     state = start.clone()
     out = gated_delta_rule(q, k, v, g, beta, state)
-    group = hv // hk
-    want, want_state = qwen3_next.torch_recurrent_gated_delta_rule(
-        q.repeat_interleave(group, dim=1)[None],
-        k.repeat_interleave(group, dim=1)[None],
-        v[None],
-        g=g[None],
-        beta=beta[None],
-        initial_state=start[None].clone(),
-        output_final_state=True,
-        use_qk_l2norm_in_kernel=True,
-    )
-    torch.testing.assert_close(out, want[0], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(state, want_state[0], rtol=1e-5, atol=1e-5)
+    assert_equals_transformers(q, k, v, g, beta, start, out, state)
 
 
 @requires_ext
