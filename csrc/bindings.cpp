@@ -19,6 +19,11 @@ TORCH_LIBRARY(vllm_hybrid, m) {
       "gated_delta_rule_fwd(Tensor(a!) out, Tensor q, Tensor k, Tensor v, Tensor g, "
       "Tensor beta, Tensor(b!) state, Tensor cu_seqlens, Tensor? state_indices, "
       "Tensor? has_initial_state, float scale, bool output_final_state) -> ()");
+  m.def(
+      "selective_scan_fwd(Tensor u, Tensor(a!) delta, Tensor A, Tensor B, Tensor C, Tensor? D, "
+      "Tensor(b!)? z, Tensor? delta_bias, bool delta_softplus, Tensor query_start_loc, "
+      "Tensor? cache_indices, Tensor? has_initial_state, Tensor(c!) ssm_states, "
+      "int null_block_id) -> ()");
   m.def("snapshot_copy(Tensor[] src_tensors, Tensor(a!)[] dst_tensors, Tensor pairs) -> ()");
   m.def(
       "snapshot_quantize_int8(Tensor[] states, Tensor(a!)[] q_tensors, Tensor(b!)[] scales, "
@@ -32,6 +37,7 @@ TORCH_LIBRARY_IMPL(vllm_hybrid, CPU, m) {
   m.impl("ssd_scan_fwd", &vllm_hybrid::ssd_scan_fwd);
   m.impl("store_prefill_checkpoint", &vllm_hybrid::store_prefill_checkpoint);
   m.impl("gated_delta_rule_fwd", &vllm_hybrid::gated_delta_rule_fwd);
+  m.impl("selective_scan_fwd", &vllm_hybrid::selective_scan_fwd);
   m.impl("snapshot_copy", &vllm_hybrid::snapshot_copy);
   m.impl("snapshot_quantize_int8", &vllm_hybrid::snapshot_quantize_int8);
   m.impl("snapshot_dequantize_int8", &vllm_hybrid::snapshot_dequantize_int8);

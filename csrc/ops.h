@@ -30,6 +30,15 @@ void gated_delta_rule_fwd(at::Tensor& out, const at::Tensor& q, const at::Tensor
                           bool output_final_state);
 
 // Snapshot ops (csrc/cpu/snapshot*.cpp; CUDA twins in csrc/cuda/, registered there).
+void selective_scan_fwd(const at::Tensor& u, at::Tensor& delta, const at::Tensor& A,
+                        const at::Tensor& B, const at::Tensor& C,
+                        const std::optional<at::Tensor>& D, const std::optional<at::Tensor>& z,
+                        const std::optional<at::Tensor>& delta_bias, bool delta_softplus,
+                        const at::Tensor& query_start_loc,
+                        const std::optional<at::Tensor>& cache_indices,
+                        const std::optional<at::Tensor>& has_initial_state,
+                        at::Tensor& ssm_states, int64_t null_block_id);
+
 void snapshot_copy(at::TensorList src_tensors, at::TensorList dst_tensors,
                    const at::Tensor& pairs);
 

@@ -377,6 +377,61 @@ def test_contract_replace_cpu_mamba2_ops() -> None:
     assert params(store_prefill_checkpoint) == params(cpu_mamba2.store_prefill_checkpoint_cpu)
 
 
+def test_contract_replace_cpu_selective_scan() -> None:
+    """selective_scan_fn calls ``ops.selective_scan_fwd`` through the module at call time with
+    the arguments our drop-in takes, and returns z (or delta), which the op wrote in place."""
+    import vllm._custom_ops as custom_ops
+    import vllm.model_executor.layers.mamba.ops.mamba_ssm as mamba_ssm
+
+    from vllm_hybrid.adapters.vllm import cpu_mamba1
+
+    text = source(mamba_ssm.selective_scan_fn)
+    assert "ops.selective_scan_fwd(" in text and "return z" in text and "return delta" in text
+    assert "from vllm import _custom_ops as ops" in source(mamba_ssm)
+    vllms = getattr(custom_ops.selective_scan_fwd, "__wrapped__", custom_ops.selective_scan_fwd)
+    if vllms is not cpu_mamba1.selective_scan_fwd_cpu:
+        assert params(vllms) == params(cpu_mamba1.selective_scan_fwd_cpu)[: len(params(vllms))]
+    assert patches.replace_cpu_selective_scan(cpu_mamba1.selective_scan_fwd_cpu)
+    assert custom_ops.selective_scan_fwd is cpu_mamba1.selective_scan_fwd_cpu
+
+
+def test_contract_register_cpu_ssu_backend() -> None:
+    """The CPU backend class is looked up in ``_BACKEND_REGISTRY`` when the SSU backend is
+    initialised, and Mamba1's decode passes a 3D state."""
+    from vllm.config.mamba import MambaBackendEnum
+    from vllm.model_executor.layers.mamba.ops import ssu_dispatch
+
+    from vllm_hybrid.adapters.vllm import cpu_mamba1
+
+    assert "_BACKEND_REGISTRY[backend]" in source(ssu_dispatch.initialize_mamba_ssu_backend)
+    assert patches.register_cpu_ssu_backend(cpu_mamba1.with_mamba1_decode)
+    cls = ssu_dispatch._BACKEND_REGISTRY[MambaBackendEnum.CPU]
+    assert issubclass(cls, ssu_dispatch.CPUSSUBackend) and cls.__name__ == "HybridCPUSSUBackend"
+    assert patches.register_cpu_ssu_backend(cpu_mamba1.with_mamba1_decode)  # idempotent
+    assert ssu_dispatch._BACKEND_REGISTRY[MambaBackendEnum.CPU] is cls
+    mixer = vllm_file("model_executor/layers/mamba/mamba_mixer.py")
+    assert "selective_state_update(\n                ssm_state," in mixer
+
+
+def test_contract_contiguous_cpu_gemm_inputs() -> None:
+    import torch
+    import vllm.model_executor.layers.utils as layer_utils
+
+    assert "cpu_unquantized_gemm" in source(layer_utils.dispatch_unquantized_gemm)
+    assert "return layer.cpu_linear(x, weight, bias)" in source(
+        getattr(layer_utils.cpu_unquantized_gemm, "__wrapped__", layer_utils.cpu_unquantized_gemm)
+    )
+    assert patches.contiguous_cpu_gemm_inputs() and patches.contiguous_cpu_gemm_inputs()
+    seen = []
+    layer = SimpleNamespace(cpu_linear=lambda x, w, b: seen.append(x.stride(-1)) or x)
+    layer_utils.cpu_unquantized_gemm(layer, torch.zeros(3, 5).t(), None)
+    layer_utils.cpu_unquantized_gemm(layer, torch.zeros(5, 3), None)
+    assert seen == [1, 1]
+    assert "scan_outputs_combined.transpose(-2, -1))[0]" in vllm_file(
+        "model_executor/layers/mamba/mamba_mixer.py"
+    )
+
+
 def test_contract_replace_kv_block_copy() -> None:
     import vllm.v1.worker.utils as worker_utils
 

