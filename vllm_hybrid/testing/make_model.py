@@ -88,8 +88,24 @@ def _write_build(tmp: Path, arch: str, size: str, seed: int, dtype: str) -> None
     model.to(DTYPES[dtype])
     model.config.dtype = dtype
     model.save_pretrained(tmp)
+    _rename_weights(tmp / "model.safetensors", get_arch(arch).checkpoint_renames)
     _keep_unknown_keys(tmp / "config.json", get_arch(arch).config_kwargs(size))
     save_tokenizer(tmp, TINY_VOCAB_SIZE)
+
+
+def _rename_weights(path: Path, renames: tuple[tuple[str, str], ...]) -> None:
+    """Rewrite ``path`` with each weight name's ``old`` substring replaced by ``new``."""
+    if not renames:
+        return
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(path)
+    renamed = {}
+    for name, tensor in tensors.items():
+        for old, new in renames:
+            name = name.replace(old, new)
+        renamed[name] = tensor
+    save_file(renamed, path, metadata={"format": "pt"})
 
 
 def _keep_unknown_keys(config_path: Path, kwargs: dict[str, Any]) -> None:

