@@ -109,3 +109,23 @@ def test_gdn_refused_in_bfloat16_not_in_float32(monkeypatch: pytest.MonkeyPatch)
         with pytest.raises(UnsupportedOnCPU, match="cpu_gdn.py"):
             refuse_inexact_cpu_prefix_caching(fp32)
     assert refusal(["Qwen3NextForCausalLM"], fp32_gdn=True) is None
+
+
+def test_olmo_hybrid_refused_outside_float32_with_or_without_caching() -> None:
+    pytest.importorskip("vllm", reason="needs the cpu extra")
+    import torch
+    from vllm.platforms import current_platform
+
+    from vllm_hybrid.adapters.vllm.cpu_support import refuse_unrunnable_on_cpu
+
+    if not current_platform.is_cpu():
+        pytest.skip("CPU platform only")
+    for caching in (True, False):
+        bf16, fp32 = (fake_config("OlmoHybridForCausalLM", caching=caching) for _ in range(2))
+        bf16.model_config.dtype, fp32.model_config.dtype = torch.bfloat16, torch.float32
+        with pytest.raises(UnsupportedOnCPU, match="olmo_gdn_linear_attn.py::.*--dtype float32"):
+            refuse_unrunnable_on_cpu(bf16)
+        refuse_unrunnable_on_cpu(fp32)
+    other = fake_config("Qwen3NextForCausalLM")
+    other.model_config.dtype = torch.bfloat16
+    refuse_unrunnable_on_cpu(other)

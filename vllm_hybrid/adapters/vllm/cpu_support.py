@@ -61,6 +61,18 @@ INEXACT_WITHOUT_ROTARY_FIX: dict[str, str] = {
 }
 
 
+#: architecture -> why it runs on the CPU backend in float32 only (whether or not prefix caching
+#: is on): vLLM has no CPU path for its recurrent layers, the plugin's is float32.
+FLOAT32_ONLY_ON_CPU: dict[str, str] = {
+    "OlmoHybridForCausalLM": (
+        "its gated delta net layers have no CPU path in vLLM "
+        "(vllm/model_executor/layers/mamba/gdn/olmo_gdn_linear_attn.py::"
+        "OlmoHybridGatedDeltaNetAttention._forward_core calls Triton kernels); the plugin runs "
+        "them with its float32 gated delta rule (adapters/vllm/cpu_gdn.py)"
+    ),
+}
+
+
 class UnsupportedOnCPU(ValueError):
     """Prefix caching was asked for a family that cannot be served exact on vLLM's CPU backend."""
 
@@ -86,6 +98,24 @@ def refusal(
                 f"(--no-enable-prefix-caching), or set {ENV_ALLOW_INEXACT}=1 to run it anyway."
             )
     return None
+
+
+def refuse_unrunnable_on_cpu(vllm_config: Any) -> None:
+    """Raise :class:`UnsupportedOnCPU` on the CPU platform for a :data:`FLOAT32_ONLY_ON_CPU`
+    family at another dtype (before an engine starts, rather than at its first request)."""
+    model = getattr(vllm_config, "model_config", None)
+    if model is None or getattr(model, "dtype", None) == torch.float32:
+        return
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    for arch in getattr(getattr(model, "hf_config", None), "architectures", None) or ():
+        if arch in FLOAT32_ONLY_ON_CPU:
+            raise UnsupportedOnCPU(
+                f"vllm-hybrid: {arch} runs on vLLM 0.32.0's CPU backend in float32 only: "
+                f"{FLOAT32_ONLY_ON_CPU[arch]}. Start it with dtype='float32' (--dtype float32)."
+            )
 
 
 def refuse_inexact_cpu_prefix_caching(vllm_config: Any) -> None:

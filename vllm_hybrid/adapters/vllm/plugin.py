@@ -94,10 +94,15 @@ def hook_engine_config() -> bool:
 
 
 def _after_engine_config(engine_args: Any, vllm_config: Any) -> None:
-    """Refuse a family whose prefix-cached outputs are not exact on CPU
-    (``cpu_support.refuse_inexact_cpu_prefix_caching``), then set the match unit."""
+    """Refuse a family that cannot run at this dtype on CPU
+    (``cpu_support.refuse_unrunnable_on_cpu``) or whose prefix-cached outputs are not exact
+    there (``cpu_support.refuse_inexact_cpu_prefix_caching``), then set the match unit."""
     from vllm_hybrid.adapters.vllm.config import configure_match_unit
-    from vllm_hybrid.adapters.vllm.cpu_support import refuse_inexact_cpu_prefix_caching
+    from vllm_hybrid.adapters.vllm.cpu_support import (
+        refuse_inexact_cpu_prefix_caching,
+        refuse_unrunnable_on_cpu,
+    )
 
+    refuse_unrunnable_on_cpu(vllm_config)
     refuse_inexact_cpu_prefix_caching(vllm_config)
     configure_match_unit(engine_args, vllm_config)
