@@ -395,41 +395,51 @@ def test_contract_replace_cpu_selective_scan() -> None:
     assert custom_ops.selective_scan_fwd is cpu_mamba1.selective_scan_fwd_cpu
 
 
-def test_contract_register_cpu_ssu_backend() -> None:
-    """The CPU backend class is looked up in ``_BACKEND_REGISTRY`` when the SSU backend is
-    initialised, and Mamba1's decode passes a 3D state."""
-    from vllm.config.mamba import MambaBackendEnum
+def test_contract_replace_mamba1_state_update() -> None:
+    """Mamba1's decode calls ``selective_state_update`` through mamba_mixer.py's module global
+    with vLLM's keywords; Mamba2's mixer has its own binding."""
+    import vllm.model_executor.layers.mamba.mamba_mixer as mixer
+    import vllm.model_executor.layers.mamba.mamba_mixer2 as mixer2
     from vllm.model_executor.layers.mamba.ops import ssu_dispatch
 
     from vllm_hybrid.adapters.vllm import cpu_mamba1
 
-    assert "_BACKEND_REGISTRY[backend]" in source(ssu_dispatch.initialize_mamba_ssu_backend)
-    assert patches.register_cpu_ssu_backend(cpu_mamba1.with_mamba1_decode)
-    cls = ssu_dispatch._BACKEND_REGISTRY[MambaBackendEnum.CPU]
-    assert issubclass(cls, ssu_dispatch.CPUSSUBackend) and cls.__name__ == "HybridCPUSSUBackend"
-    assert patches.register_cpu_ssu_backend(cpu_mamba1.with_mamba1_decode)  # idempotent
-    assert ssu_dispatch._BACKEND_REGISTRY[MambaBackendEnum.CPU] is cls
-    mixer = vllm_file("model_executor/layers/mamba/mamba_mixer.py")
-    assert "selective_state_update(\n                ssm_state," in mixer
+    text = source(mixer.MambaMixer.forward_impl)
+    assert "selective_state_update(\n                ssm_state," in text
+    for keyword in ("z=", "dt_softplus=", "state_batch_indices=", "out="):
+        assert keyword in text.split("selective_state_update(")[1], keyword
+    assert named_params(ssu_dispatch.selective_state_update) <= named_params(
+        cpu_mamba1.mamba1_state_update
+    )
+    assert patches.replace_mamba1_state_update(cpu_mamba1.mamba1_state_update)
+    assert mixer.selective_state_update is cpu_mamba1.mamba1_state_update
+    assert mixer2.selective_state_update is not cpu_mamba1.mamba1_state_update
 
 
-def test_contract_contiguous_cpu_gemm_inputs() -> None:
+def test_contract_contiguous_mamba1_out_proj_inputs() -> None:
     import torch
-    import vllm.model_executor.layers.utils as layer_utils
+    import vllm.model_executor.layers.mamba.mamba_mixer as mixer
 
-    assert "cpu_unquantized_gemm" in source(layer_utils.dispatch_unquantized_gemm)
-    assert "return layer.cpu_linear(x, weight, bias)" in source(
-        getattr(layer_utils.cpu_unquantized_gemm, "__wrapped__", layer_utils.cpu_unquantized_gemm)
+    assert "scan_outputs_combined.transpose(-2, -1))[0]" in source(mixer.MambaMixer.forward_impl)
+    assert "self.out_proj = " in source(
+        getattr(mixer.MambaMixer.__init__, "__wrapped__", mixer.MambaMixer.__init__)
     )
-    assert patches.contiguous_cpu_gemm_inputs() and patches.contiguous_cpu_gemm_inputs()
+    assert patches.contiguous_mamba1_out_proj_inputs()
+    assert patches.contiguous_mamba1_out_proj_inputs()  # idempotent
+    assert patches._marked(mixer.MambaMixer.__init__)
     seen = []
-    layer = SimpleNamespace(cpu_linear=lambda x, w, b: seen.append(x.stride(-1)) or x)
-    layer_utils.cpu_unquantized_gemm(layer, torch.zeros(3, 5).t(), None)
-    layer_utils.cpu_unquantized_gemm(layer, torch.zeros(5, 3), None)
-    assert seen == [1, 1]
-    assert "scan_outputs_combined.transpose(-2, -1))[0]" in vllm_file(
-        "model_executor/layers/mamba/mamba_mixer.py"
+    layer = torch.nn.Identity()
+    layer.register_forward_hook(lambda m, args, out: seen.append(args[0].stride(-1)))
+    closure = mixer.MambaMixer.__init__.__closure__ or ()
+    hook = next(
+        c.cell_contents
+        for c in closure
+        if getattr(c.cell_contents, "__name__", "") == "contiguous_input"
     )
+    layer.register_forward_pre_hook(hook)
+    layer(torch.zeros(3, 5).t())
+    layer(torch.zeros(5, 3))
+    assert seen == [1, 1]
 
 
 def test_contract_replace_kv_block_copy() -> None:

@@ -10,10 +10,12 @@ decode step (``selective_state_update``) have CPU versions already.
 (:mod:`vllm_hybrid.ops.mamba1`), a sequential float32 recurrence: a state resumed from a
 snapshot continues bit-identically, so align-mode prefix caching (the scheduler cuts Mamba1
 prefills at block boundaries, ``MambaMixer.forward_impl`` reads and writes one state slot per
-request) gives the states an uncut prefill would. ``patch_cpu_mamba1`` installs it, and
-``compat.contiguous_cpu_gemm_inputs`` for the mixer's ``out_proj``, which receives the scan
-output transposed (oneDNN needs a unit last stride) (``plugin.register``, CPU only, vLLM
-0.32.0 only).
+request) gives the states an uncut prefill would. ``patch_cpu_mamba1`` installs it, the
+Mamba1 decode step through the same op (``compat.replace_mamba1_state_update``; vLLM's CPU
+kernel reads Mamba2 states only) and contiguous inputs for the mixer's ``out_proj``, which
+receives the scan output transposed (``compat.contiguous_mamba1_out_proj_inputs``; oneDNN
+needs a unit last stride). Only Mamba1 models run any of it (``plugin.register``, CPU only,
+vLLM 0.32.0 only).
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ from typing import Any
 import torch
 
 from vllm_hybrid.adapters.vllm.compat.patches import (
-    contiguous_cpu_gemm_inputs,
-    register_cpu_ssu_backend,
+    contiguous_mamba1_out_proj_inputs,
     replace_cpu_selective_scan,
+    replace_mamba1_state_update,
 )
 from vllm_hybrid.ops import extension_available
 from vllm_hybrid.ops.mamba1 import selective_scan
@@ -83,15 +85,28 @@ def mamba1_state_update(
     C: torch.Tensor,
     D: torch.Tensor | None,
     dt_bias: torch.Tensor | None,
-    z: torch.Tensor | None,
-    dt_softplus: bool,
-    state_batch_indices: torch.Tensor,
-    null_block_id: int,
-    out: torch.Tensor,
+    z: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+    state_batch_indices: torch.Tensor | None = None,
+    dst_state_batch_indices: torch.Tensor | None = None,
+    null_block_id: int = -1,
+    out: torch.Tensor | None = None,
+    num_accepted_tokens: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    is_blackwell: bool = False,
+    **_: Any,
 ) -> None:
-    """One decode token per request (``x, dt, z, out``: ``(batch, dim)``; ``B, C``:
-    ``(batch, d_state)``; ``state``: ``(slots, dim, d_state)``) as a scan of one-token
-    sequences, so decode uses the prefill scan's arithmetic."""
+    """Drop-in for ``ssu_dispatch.selective_state_update`` in Mamba1's decode (``x, dt, z,
+    out``: ``(batch, dim)``; ``B, C``: ``(batch, d_state)``; ``state``: ``(slots, dim,
+    d_state)``): a scan of one-token sequences, so decode uses the prefill scan's arithmetic."""
+    if num_accepted_tokens is not None or cu_seqlens is not None:
+        raise ValueError("vllm-hybrid: speculative decoding is not supported for Mamba1 on CPU")
+    if state_batch_indices is None or out is None:
+        raise ValueError("vllm-hybrid: Mamba1 decode on CPU needs state_batch_indices and out")
+    if dst_state_batch_indices is not None and not torch.equal(
+        dst_state_batch_indices, state_batch_indices
+    ):
+        raise ValueError("vllm-hybrid: Mamba1 decode on CPU updates states in place only")
     batch = x.shape[0]
     qsl = torch.arange(batch + 1, dtype=torch.int32)
     delta = dt.t().float().contiguous()
@@ -104,41 +119,6 @@ def mamba1_state_update(
     out.copy_((gate if gate is not None else delta).t())
 
 
-def with_mamba1_decode(cpu_backend: type) -> type:
-    """vLLM's CPU SSU backend (``ssu_dispatch.CPUSSUBackend``) whose C++ kernel reads 4D
-    (Mamba2) states only: a 3D (Mamba1) state goes to :func:`mamba1_state_update`."""
-
-    class HybridCPUSSUBackend(cpu_backend):  # type: ignore[misc]
-        def __call__(self, state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor,
-                     A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, D: torch.Tensor,
-                     dt_bias: torch.Tensor, z: torch.Tensor | None = None,
-                     dt_softplus: bool = False, state_batch_indices: Any = None,
-                     dst_state_batch_indices: Any = None, null_block_id: int = -1,
-                     out: Any = None, num_accepted_tokens: Any = None,
-                     cu_seqlens: Any = None, **kwargs: Any) -> None:  # fmt: skip
-            if state.dim() != 3:
-                super().__call__(
-                    state, x, dt, A, B, C, D, dt_bias, z=z, dt_softplus=dt_softplus,
-                    state_batch_indices=state_batch_indices,
-                    dst_state_batch_indices=dst_state_batch_indices,
-                    null_block_id=null_block_id, out=out,
-                    num_accepted_tokens=num_accepted_tokens, cu_seqlens=cu_seqlens, **kwargs,
-                )  # fmt: skip
-                return
-            if num_accepted_tokens is not None or cu_seqlens is not None:
-                raise ValueError("speculative decoding is not supported for Mamba1 on CPU")
-            if dst_state_batch_indices is not None and not torch.equal(
-                dst_state_batch_indices, state_batch_indices
-            ):
-                raise ValueError("Mamba1 on CPU updates states in place only")
-            mamba1_state_update(
-                state, x, dt, A, B, C, D, dt_bias, z, dt_softplus, state_batch_indices,
-                null_block_id, out,
-            )  # fmt: skip
-
-    return HybridCPUSSUBackend
-
-
 def patch_cpu_mamba1() -> bool:
     """Install ``selective_scan_fwd_cpu`` (``compat.replace_cpu_selective_scan``); True when
     active."""
@@ -147,6 +127,6 @@ def patch_cpu_mamba1() -> bool:
         return False
     return (
         replace_cpu_selective_scan(selective_scan_fwd_cpu)
-        and register_cpu_ssu_backend(with_mamba1_decode)
-        and contiguous_cpu_gemm_inputs()
+        and replace_mamba1_state_update(mamba1_state_update)
+        and contiguous_mamba1_out_proj_inputs()
     )

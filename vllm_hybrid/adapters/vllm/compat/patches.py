@@ -155,45 +155,48 @@ def replace_cpu_selective_scan(scan: Callable[..., None]) -> bool:
     return True
 
 
-def contiguous_cpu_gemm_inputs() -> bool:
-    """Make ``cpu_unquantized_gemm`` (``vllm/model_executor/layers/utils.py``, which
-    ``dispatch_unquantized_gemm`` hands every unquantized linear layer on CPU when it is built)
-    copy an input whose last dimension is not contiguous: oneDNN's ``onednn_mm`` raises
-    ``Expected a.stride(-1) == 1`` on one, and ``MambaMixer.forward_impl`` (``mamba_mixer.py``,
-    Jamba) passes its ``out_proj`` the transpose of the scan output. Inputs with unit stride
-    are passed on untouched. Idempotent; False on another vLLM release."""
+def contiguous_mamba1_out_proj_inputs() -> bool:
+    """Make every Mamba1 mixer's ``out_proj`` (``MambaMixer.__init__``,
+    ``vllm/model_executor/layers/mamba/mamba_mixer.py``) copy an input whose last dimension is
+    not contiguous: ``MambaMixer.forward_impl`` hands it the transpose of the scan output, and
+    oneDNN's CPU matmul (``layers/utils.py::dispatch_cpu_unquantized_gemm`` -> ``onednn_mm``)
+    raises ``Expected a.stride(-1) == 1`` on one. A forward pre-hook on that one linear layer;
+    other models are untouched. Idempotent; False on another vLLM release."""
     if not check_vllm_version("Mamba1 (Jamba) on CPU"):
         return False
-    import vllm.model_executor.layers.utils as layer_utils
+    from vllm.model_executor.layers.mamba import mamba_mixer
 
-    original = layer_utils.cpu_unquantized_gemm
+    original = mamba_mixer.MambaMixer.__init__
     if _marked(original):
         return True
 
-    @functools.wraps(original)
-    def gemm(layer: Any, x: Any, weight: Any, bias: Any = None) -> Any:
-        if x.stride(-1) != 1:
-            x = x.contiguous()
-        return original(layer, x, weight, bias)
+    def contiguous_input(module: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        x = args[0]
+        return None if x.stride(-1) == 1 else (x.contiguous(), *args[1:])
 
-    layer_utils.cpu_unquantized_gemm = _mark(gemm)
+    @functools.wraps(original)
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        self.out_proj.register_forward_pre_hook(contiguous_input)
+
+    mamba_mixer.MambaMixer.__init__ = _mark(init)  # type: ignore[method-assign]
     return True
 
 
-def register_cpu_ssu_backend(make: Callable[[type], type]) -> bool:
-    """Register ``make(CPUSSUBackend)`` as the ``cpu`` entry of ``_BACKEND_REGISTRY``
-    (``vllm/model_executor/layers/mamba/ops/ssu_dispatch.py``), which
-    ``initialize_mamba_ssu_backend`` instantiates for every Mamba1/Mamba2 model on CPU.
-    Idempotent; False on another vLLM release."""
+def replace_mamba1_state_update(update: Callable[..., None]) -> bool:
+    """Replace ``selective_state_update`` in ``vllm/model_executor/layers/mamba/mamba_mixer.py``
+    (bound by name at import; only the Mamba1 mixer's decode calls it there). vLLM's CPU SSU
+    backend (``ops/ssu_dispatch.py::CPUSSUBackend`` -> ``_C.selective_state_update_cpu``) reads
+    4D (Mamba2) states only and fails on Mamba1's 3D state with ``IndexError: Dimension out of
+    range``. Mamba2 (``mamba_mixer2.py``'s binding) is untouched. Idempotent; False on another
+    vLLM release."""
     if not check_vllm_version("Mamba1 (Jamba) on CPU"):
         return False
-    from vllm.config.mamba import MambaBackendEnum
-    from vllm.model_executor.layers.mamba.ops import ssu_dispatch
+    from vllm.model_executor.layers.mamba import mamba_mixer
 
-    current = ssu_dispatch._BACKEND_REGISTRY[MambaBackendEnum.CPU]
-    if _marked(current):
+    if _marked(mamba_mixer.selective_state_update):
         return True
-    ssu_dispatch._BACKEND_REGISTRY[MambaBackendEnum.CPU] = _mark(make(current))
+    mamba_mixer.selective_state_update = _mark(update)
     return True
 
 
