@@ -154,7 +154,6 @@ void selective_scan_fwd(const at::Tensor& u, at::Tensor& delta, const at::Tensor
   auto out = at::zeros({Dm, T}, u.options().dtype(at::kFloat));
   at::Tensor outz;
   if (z.has_value()) outz = at::zeros({Dm, T}, u.options().dtype(at::kFloat));
-  auto states = ssm_states.to(at::kFloat).contiguous();  // read before any write
 
   Mamba1Params p{Dm, N, Dm / G, T, uf.data_ptr<float>(), df.data_ptr<float>(),
                  Af.data_ptr<float>(), Bf.data_ptr<float>(), Cf.data_ptr<float>(),
@@ -162,8 +161,10 @@ void selective_scan_fwd(const at::Tensor& u, at::Tensor& delta, const at::Tensor
                  z.has_value() ? zf.data_ptr<float>() : nullptr,
                  delta_bias.has_value() ? biasf.data_ptr<float>() : nullptr, delta_softplus,
                  out.data_ptr<float>(), z.has_value() ? outz.data_ptr<float>() : nullptr};
+  // each sequence's running state, started from its slot (only the slots read, not the pool)
   auto finals = at::zeros({batch, Dm, N}, u.options().dtype(at::kFloat));
-  const float* st = states.data_ptr<float>();
+  for (int64_t b = 0; b < batch; ++b)
+    if (init[b] && slot[b] != null_block_id) finals[b].copy_(ssm_states[slot[b]]);
   float* fin = finals.data_ptr<float>();
   at::parallel_for(0, batch * Dm, 16, [&](int64_t begin, int64_t end) {
     std::vector<float> decay(N);
@@ -171,8 +172,6 @@ void selective_scan_fwd(const at::Tensor& u, at::Tensor& delta, const at::Tensor
       const int64_t b = job / Dm, d = job % Dm;
       if (slot[b] == null_block_id) continue;
       float* s = fin + (b * Dm + d) * N;
-      if (init[b])
-        for (int64_t n = 0; n < N; ++n) s[n] = st[(slot[b] * Dm + d) * N + n];
       scan_channel(p, d, S[b], S[b + 1], s, decay.data());
     }
   });

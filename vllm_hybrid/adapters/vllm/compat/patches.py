@@ -155,6 +155,12 @@ def replace_cpu_selective_scan(scan: Callable[..., None]) -> bool:
     return True
 
 
+def contiguous_first_input(module: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """Forward pre-hook: the first input made contiguous where its last stride is not 1."""
+    x = args[0]
+    return None if x.stride(-1) == 1 else (x.contiguous(), *args[1:])
+
+
 def contiguous_mamba1_out_proj_inputs() -> bool:
     """Make every Mamba1 mixer's ``out_proj`` (``MambaMixer.__init__``,
     ``vllm/model_executor/layers/mamba/mamba_mixer.py``) copy an input whose last dimension is
@@ -170,14 +176,10 @@ def contiguous_mamba1_out_proj_inputs() -> bool:
     if _marked(original):
         return True
 
-    def contiguous_input(module: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
-        x = args[0]
-        return None if x.stride(-1) == 1 else (x.contiguous(), *args[1:])
-
     @functools.wraps(original)
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
-        self.out_proj.register_forward_pre_hook(contiguous_input)
+        self.out_proj.register_forward_pre_hook(contiguous_first_input)
 
     mamba_mixer.MambaMixer.__init__ = _mark(init)  # type: ignore[method-assign]
     return True
