@@ -1,8 +1,11 @@
-// Gated delta rule (Qwen3-Next / Qwen3.5 GDN layers) on CPU in float32, sequential over tokens.
+// Gated delta rule (Qwen3-Next / Qwen3.5 / OLMo-Hybrid GDN layers, and Kimi delta attention)
+// on CPU in float32, sequential over tokens.
 //
 // Per value head, with state S (K x V), per token normalised q, k (K), v (V), decay d, beta b:
 //
-//   S <- S * d                    d = exp(g), computed in double and rounded once
+//   S <- diag(d) S                d = exp(g), computed in double and rounded once; g is one
+//                                 value per head (GDN: every row scaled alike) or one per key
+//                                 channel, i.e. per row of S (KDA)
 //   u  = S^T k                    a sum over K
 //   D  = (v - u) * b
 //   S <- S + k D^T
@@ -93,7 +96,9 @@ struct RuleParams {
   const float* qn;  // (T, Hk, K) normalised and scaled q, contiguous
   const float* kn;  // (T, Hk, K) normalised k, contiguous
   Strided3 v;       // (T, Hv, V)
-  Strided2 g, beta;  // (T, Hv)
+  const float* decay;  // (T, Hv, Kd) exp(g), contiguous; Kd = 1 (per head) or K (per row)
+  int64_t Kd;
+  Strided2 beta;    // (T, Hv)
   float* out;       // (T, Hv, V)
   int64_t o0, o1, o2;
 };
@@ -106,8 +111,9 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void rule_block(
   const int64_t full = K / kLanes * kLanes, nl = std::min(kLanes, K);
   float acc[kLanes][kCols];
   float vt[kCols] = {0}, delta[kCols];
+  const int64_t dstep = p.Kd == 1 ? 0 : 1;  // row r's decay: dd[r * dstep]
   for (int64_t t = lo; t < hi; ++t) {
-    const float d = static_cast<float>(std::exp(static_cast<double>(p.g.at(t, h))));
+    const float* dd = p.decay + (t * p.Hv + h) * p.Kd;
     const float b = p.beta.at(t, h);
     const float* kk = p.kn + (t * Hk + hk) * K;
     const float* qq = p.qn + (t * Hk + hk) * K;
@@ -116,7 +122,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void rule_block(
     // S <- S * d and u = S^T k (lane order), first lane block assigned, the rest added
     for (int64_t l = 0; l < nl; ++l) {
       float* row = blk + l * kCols;
-      const float kv = kk[l];
+      const float kv = kk[l], d = dd[l * dstep];
 #pragma omp simd
       for (int64_t j = 0; j < kCols; ++j) {
         row[j] = row[j] * d;
@@ -127,7 +133,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void rule_block(
 #pragma GCC unroll 16
       for (int64_t l = 0; l < kLanes; ++l) {
         float* row = blk + (r + l) * kCols;
-        const float kv = kk[r + l];
+        const float kv = kk[r + l], d = dd[(r + l) * dstep];
 #pragma omp simd
         for (int64_t j = 0; j < kCols; ++j) {
           row[j] = row[j] * d;
@@ -137,7 +143,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void rule_block(
     }
     for (int64_t r = std::max(full, nl); r < K; ++r) {
       float* row = blk + r * kCols;
-      const float kv = kk[r];
+      const float kv = kk[r], d = dd[r * dstep];
       const int64_t l = r - full;
 #pragma omp simd
       for (int64_t j = 0; j < kCols; ++j) {
@@ -209,9 +215,12 @@ void gated_delta_rule_fwd(at::Tensor& out, const at::Tensor& q, const at::Tensor
   const int64_t Hv = v.size(1), V = v.size(2);
   TORCH_CHECK(Hk > 0 && Hv % Hk == 0, "gated_delta_rule_fwd: value heads (", Hv,
               ") must be a multiple of key heads (", Hk, ")");
-  TORCH_CHECK(g.dim() == 2 && g.size(0) == T && g.size(1) == Hv && beta.sizes() == g.sizes(),
-              "gated_delta_rule_fwd: g and beta must be (tokens, value_heads), got ", g.sizes(),
-              " and ", beta.sizes());
+  TORCH_CHECK(beta.dim() == 2 && beta.size(0) == T && beta.size(1) == Hv,
+              "gated_delta_rule_fwd: beta must be (tokens, value_heads), got ", beta.sizes());
+  TORCH_CHECK((g.dim() == 2 || (g.dim() == 3 && g.size(2) == K)) && g.size(0) == T &&
+                  g.size(1) == Hv,
+              "gated_delta_rule_fwd: g must be (tokens, value_heads) or (tokens, value_heads, K), "
+              "got ", g.sizes());
   TORCH_CHECK(out.scalar_type() == at::kFloat && out.dim() == 3 && out.size(0) == T &&
                   out.size(1) == Hv && out.size(2) == V,
               "gated_delta_rule_fwd: out must be float32 (tokens, value_heads, V), got ",
@@ -263,6 +272,21 @@ void gated_delta_rule_fwd(at::Tensor& out, const at::Tensor& q, const at::Tensor
 
   // q, k normalised once per (token, key head); the scale folded into q
   auto qf = as_f32(q), kf = as_f32(k), vf = as_f32(v), gf = as_f32(g), bf = as_f32(beta);
+  // the decays once per (token, head[, row]): exp in double, rounded once
+  const int64_t Kd = g.dim() == 3 ? K : 1;
+  auto decay = at::empty({T, Hv, Kd}, q.options().dtype(at::kFloat));
+  {
+    const float* gp = gf.data_ptr<float>();
+    float* dp = decay.data_ptr<float>();
+    const int64_t gs0 = gf.stride(0), gs1 = gf.stride(1), gs2 = g.dim() == 3 ? gf.stride(2) : 0;
+    at::parallel_for(0, T * Hv, 256, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const float* src = gp + i / Hv * gs0 + i % Hv * gs1;
+        for (int64_t r = 0; r < Kd; ++r)
+          dp[i * Kd + r] = static_cast<float>(std::exp(static_cast<double>(src[r * gs2])));
+      }
+    });
+  }
   auto qn = at::empty({T, Hk, K}, q.options().dtype(at::kFloat));
   auto kn = at::empty({T, Hk, K}, q.options().dtype(at::kFloat));
   const float eps = static_cast<float>(1e-6), fscale = static_cast<float>(scale);
@@ -289,7 +313,8 @@ void gated_delta_rule_fwd(at::Tensor& out, const at::Tensor& q, const at::Tensor
                qn.data_ptr<float>(),
                kn.data_ptr<float>(),
                {vf.data_ptr<float>(), vf.stride(0), vf.stride(1), vf.stride(2)},
-               {gf.data_ptr<float>(), gf.stride(0), gf.stride(1)},
+               decay.data_ptr<float>(),
+               Kd,
                {bf.data_ptr<float>(), bf.stride(0), bf.stride(1)},
                out.data_ptr<float>(),
                out.stride(0),

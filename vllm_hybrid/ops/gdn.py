@@ -62,6 +62,32 @@ def gdn_gating_ref(
     return g.float(), b.double().sigmoid().float()
 
 
+def kda_gating_ref(
+    A_log: torch.Tensor,
+    raw_g: torch.Tensor,
+    raw_beta: torch.Tensor,
+    dt_bias: torch.Tensor,
+    lower_bound: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kimi delta attention's gates: ``g`` ``[T, H, K]`` (one decay per key channel) and
+    ``beta`` ``[T, H]`` in float32, from ``raw_g`` ``[T, H * K]``, ``raw_beta`` ``[T, H]``,
+    ``A_log`` ``[H]`` and ``dt_bias`` ``[H * K]``.
+
+    ``g = -exp(A_log) * softplus(raw_g + dt_bias)``, or with a ``lower_bound`` (the "safe
+    gate") ``g = lower_bound * sigmoid(exp(A_log) * (raw_g + dt_bias))``; ``beta =
+    sigmoid(raw_beta)``: FLA's ``fused_kda_gate`` as vLLM vendors it
+    (``vllm/models/kimi_k3/nvidia/ops/third_party/kda/fused_recurrent.py``). In float64,
+    rounded once, for the reason given in :func:`gdn_gating_ref`."""
+    heads = A_log.numel()
+    x = (raw_g.double() + dt_bias.double()).view(raw_g.shape[0], heads, -1)
+    rate = A_log.double().view(1, heads, 1).exp()
+    if lower_bound is None:
+        g = -rate * F.softplus(x)
+    else:
+        g = lower_bound * (rate * x).sigmoid()
+    return g.float(), raw_beta.double().sigmoid().float()
+
+
 def lane_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
     """Sum over ``dim`` in the op's order: element ``i`` goes to lane ``i % 16``, each lane adds
     its elements in index order (starting from the first, not from 0), then the lanes are
@@ -89,11 +115,18 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * root.reciprocal().unsqueeze(-1)
 
 
-def _check(q: torch.Tensor, v: torch.Tensor, state: torch.Tensor, pooled: bool) -> None:
+def _check(
+    q: torch.Tensor, v: torch.Tensor, state: torch.Tensor, pooled: bool, g: torch.Tensor
+) -> None:
     if state.dtype != torch.float32:
         raise TypeError(f"the gated delta rule state must be float32, got {state.dtype}")
     hk, dk = q.shape[1], q.shape[2]
     hv, dv = v.shape[1], v.shape[2]
+    if tuple(g.shape) not in ((q.shape[0], hv), (q.shape[0], hv, dk)):
+        raise ValueError(
+            f"g must be (tokens, value heads) or (tokens, value heads, K) = "
+            f"({q.shape[0]}, {hv}[, {dk}]), got {tuple(g.shape)}"
+        )
     shape = tuple(state.shape[1:]) if pooled else tuple(state.shape)
     if hv % hk or shape != (hv, dk, dv) or (pooled and state.dim() != 4):
         want = f"(slots, {hv}, {dk}, {dv})" if pooled else f"({hv}, {dk}, {dv})"
@@ -113,21 +146,24 @@ def gated_delta_rule_ref(
 ) -> torch.Tensor:
     """Run one sequence through the rule and return its outputs ``[T, Hv, V]`` (float32).
 
-    ``q, k``: ``[T, Hk, K]``; ``v``: ``[T, Hv, V]``; ``g, beta``: ``[T, Hv]``; ``state``:
-    ``[Hv, K, V]`` float32, the state before the first token, updated in place to the state
-    after the last one.
+    ``q, k``: ``[T, Hk, K]``; ``v``: ``[T, Hv, V]``; ``beta``: ``[T, Hv]``; ``g``: ``[T, Hv]``
+    (one decay per head: GDN) or ``[T, Hv, K]`` (one per key channel, i.e. per row of the
+    state: Kimi delta attention); ``state``: ``[Hv, K, V]`` float32, the state before the first
+    token, updated in place to the state after the last one.
     """
-    _check(q, v, state, pooled=False)
+    _check(q, v, state, pooled=False, g=g)
     tokens, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
     group = hv // hk
     q = _l2norm(q.float()).repeat_interleave(group, dim=1) * (dk**-0.5)
     k = _l2norm(k.float()).repeat_interleave(group, dim=1)
     v, decay, beta = v.float(), g.double().exp().float(), beta.float()
+    if decay.dim() == 2:  # one decay per head: the same for every row of the state
+        decay = decay.unsqueeze(-1)
     out = torch.empty(tokens, hv, dv, dtype=torch.float32, device=v.device)
     s = state
     for t in range(tokens):
-        s.mul_(decay[t, :, None, None])
+        s.mul_(decay[t, :, :, None])  # row i of head h's state by exp(g[t, h(, i)])
         kt = k[t, :, :, None]  # [Hv, K, 1]
         delta = (v[t] - lane_sum(s * kt, 1)) * beta[t, :, None]  # [Hv, V]
         s.add_(kt * delta[:, None, :])
@@ -151,7 +187,7 @@ def gated_delta_rule_varlen_ref(
 ) -> torch.Tensor:
     """Pure-torch twin of :func:`gated_delta_rule` with ``cu_seqlens``: ``gated_delta_rule_ref``
     per sequence, from and into its pool slot."""
-    _check(q, v, state, pooled=True)
+    _check(q, v, state, pooled=True, g=g)
     if out is None:
         out = torch.empty(q.shape[0], v.shape[1], v.shape[2], dtype=torch.float32)
     bounds = cu_seqlens.tolist()
@@ -187,8 +223,9 @@ def gated_delta_rule(
     Without ``cu_seqlens``: one sequence, exactly :func:`gated_delta_rule_ref`'s contract
     (``state`` ``[Hv, K, V]`` updated in place). With it, a batch:
 
-    - ``q, k``: ``[T, Hk, K]``; ``v``: ``[T, Hv, V]``; ``g, beta``: ``[T, Hv]``; any float
-      dtype (read as float32), any strides.
+    - ``q, k``: ``[T, Hk, K]``; ``v``: ``[T, Hv, V]``; ``beta``: ``[T, Hv]``; ``g``:
+      ``[T, Hv]`` or ``[T, Hv, K]`` (per key channel); any float dtype (read as float32), any
+      strides.
     - ``state``: ``[slots, Hv, K, V]`` float32, each slot's ``[Hv, K, V]`` contiguous (slots
       may be padded: any ``stride(0)``), e.g. vLLM's ``ssm_state`` viewed as ``[K, V]``.
     - ``cu_seqlens``: ``[B + 1]`` int, sequence starts in the token dim.
@@ -201,7 +238,7 @@ def gated_delta_rule(
       sequences are left untouched. Returned.
     """
     single = cu_seqlens is None
-    _check(q, v, state, pooled=not single)
+    _check(q, v, state, pooled=not single, g=g)
     tokens, dk = q.shape[0], q.shape[2]
     if single:
         state = state.unsqueeze(0)
