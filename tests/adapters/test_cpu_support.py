@@ -129,3 +129,20 @@ def test_olmo_hybrid_refused_outside_float32_with_or_without_caching() -> None:
     other = fake_config("Qwen3NextForCausalLM")
     other.model_config.dtype = torch.bfloat16
     refuse_unrunnable_on_cpu(other)
+
+
+def test_kimi_linear_refused_on_cpu_at_every_dtype_with_or_without_caching() -> None:
+    pytest.importorskip("vllm", reason="needs the cpu extra")
+    import torch
+    from vllm.platforms import current_platform
+
+    from vllm_hybrid.adapters.vllm.cpu_support import refuse_unrunnable_on_cpu
+
+    if not current_platform.is_cpu():
+        pytest.skip("CPU platform only")
+    for caching in (True, False):
+        for dtype in (torch.float32, torch.bfloat16):
+            config = fake_config("KimiLinearForCausalLM", caching=caching)
+            config.model_config.dtype = dtype
+            with pytest.raises(UnsupportedOnCPU, match="cpu.py::CpuPlatform.*mla.py::.*GPU"):
+                refuse_unrunnable_on_cpu(config)

