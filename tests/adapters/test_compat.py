@@ -331,7 +331,9 @@ def test_contract_install_scheduler_selector() -> None:
 def test_contract_wrap_engine_config() -> None:
     from vllm.engine.arg_utils import EngineArgs
 
-    assert compat.wrap_engine_config(lambda args: None, lambda args, config: None)  # once
+    from vllm_hybrid.adapters.vllm.plugin import hook_engine_config
+
+    assert hook_engine_config()  # the plugin's own hooks (idempotent: installed once)
     # vLLM's own signature, seen through the wrapper's __wrapped__
     assert params(EngineArgs.create_engine_config) == ["self", "usage_context", "headless"]
     assert "engine_args.create_engine_config(usage_context)" in vllm_file("v1/engine/llm_engine.py")
@@ -339,6 +341,10 @@ def test_contract_wrap_engine_config() -> None:
         "entrypoints/launchers/api_server/entry.py"
     )
     assert getattr(EngineArgs.create_engine_config, patches.MARK, False)
+    # the model-config hook: vLLM builds the ModelConfig first, with no argument
+    assert params(EngineArgs.create_model_config) == ["self"]
+    assert "model_config = self.create_model_config()" in vllm_file("engine/arg_utils.py")
+    assert getattr(EngineArgs.create_model_config, patches.MARK, False)
 
 
 def test_contract_declare_scheduler_stats_field() -> None:

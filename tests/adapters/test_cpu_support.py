@@ -124,11 +124,11 @@ def test_olmo_hybrid_refused_outside_float32_with_or_without_caching() -> None:
         bf16, fp32 = (fake_config("OlmoHybridForCausalLM", caching=caching) for _ in range(2))
         bf16.model_config.dtype, fp32.model_config.dtype = torch.bfloat16, torch.float32
         with pytest.raises(UnsupportedOnCPU, match="olmo_gdn_linear_attn.py::.*--dtype float32"):
-            refuse_unrunnable_on_cpu(bf16)
-        refuse_unrunnable_on_cpu(fp32)
+            refuse_unrunnable_on_cpu(bf16.model_config)
+        refuse_unrunnable_on_cpu(fp32.model_config)
     other = fake_config("Qwen3NextForCausalLM")
     other.model_config.dtype = torch.bfloat16
-    refuse_unrunnable_on_cpu(other)
+    refuse_unrunnable_on_cpu(other.model_config)
 
 
 def test_kimi_linear_refused_on_cpu_at_every_dtype_with_or_without_caching() -> None:
@@ -145,4 +145,4 @@ def test_kimi_linear_refused_on_cpu_at_every_dtype_with_or_without_caching() -> 
             config = fake_config("KimiLinearForCausalLM", caching=caching)
             config.model_config.dtype = dtype
             with pytest.raises(UnsupportedOnCPU, match="cpu.py::CpuPlatform.*mla.py::.*GPU"):
-                refuse_unrunnable_on_cpu(config)
+                refuse_unrunnable_on_cpu(config.model_config)

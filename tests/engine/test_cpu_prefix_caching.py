@@ -28,9 +28,9 @@ FP32_ARCHS = [
 
 
 def transformers_greedy(model_dir, prompts, max_tokens, dtype="float32"):
-    from transformers import AutoModelForCausalLM
+    from vllm_hybrid.testing.make_model import load_transformers_model
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
+    model = load_transformers_model(model_dir, dtype=getattr(torch, dtype)).eval()
     outs = []
     with torch.no_grad():
         for prompt in prompts:

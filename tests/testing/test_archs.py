@@ -87,6 +87,7 @@ def test_arch_registry() -> None:
     assert cpu_archs("bfloat16") == ["qwen3_next"]
     assert cpu_archs(mixer="gated_delta_net") == gdn
     assert ARCHS["jamba"].vllm_cpu and "selective_scan_fwd" in ARCHS["jamba"].note
+    assert not ARCHS["kimi_linear"].vllm_cpu and "UNRUNNABLE_ON_CPU" in ARCHS["kimi_linear"].note
     with pytest.raises(ValueError, match="unknown arch"):
         get_arch("llama")
     with pytest.raises(ValueError, match="unknown size"):

@@ -6,16 +6,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from vllm_hybrid.testing import ARCHS, tiny_model_dir
 from vllm_hybrid.testing.archs import TINY_VOCAB_SIZE
+from vllm_hybrid.testing.make_model import load_transformers_model
 from vllm_hybrid.testing.tokenizer import SPECIAL_TOKENS
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_loads_and_generates(arch: str, model_root: Path) -> None:
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir(arch, model_root))
+    model = load_transformers_model(tiny_model_dir(arch, model_root))
     prompt = torch.arange(10, 42)[None]
     with torch.no_grad():
         logits = model(prompt).logits[0]
@@ -31,7 +31,7 @@ def test_loads_and_generates(arch: str, model_root: Path) -> None:
 
 def test_output_depends_on_context(model_root: Path) -> None:
     """The mixers matter: the same last token after different prefixes predicts differently."""
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir("granitemoehybrid", model_root))
+    model = load_transformers_model(tiny_model_dir("granitemoehybrid", model_root))
     prompts = torch.randint(5, TINY_VOCAB_SIZE, (4, 24), generator=torch.Generator().manual_seed(0))
     prompts[:, -1] = 100
     with torch.no_grad():

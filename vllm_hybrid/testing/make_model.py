@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
-from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING, CONFIG_MAPPING_NAMES
 
 from vllm_hybrid.testing.archs import ARCHS, SIZES, TINY_VOCAB_SIZE, get_arch
 from vllm_hybrid.testing.tokenizer import SPECIAL_TOKENS, save_tokenizer
@@ -51,11 +51,32 @@ def read_stamp(out_dir: Path) -> dict[str, Any] | None:
     return stamp
 
 
+def config_class(model_type: str) -> Any:
+    """``transformers``' own config class for ``model_type``. Not ``CONFIG_MAPPING[model_type]``
+    alone: vLLM registers its own classes there for some types when it loads such a model
+    (``transformers_utils/config.py::_register_config_class``, e.g. its ``KimiLinearConfig``,
+    which lacks ``num_local_experts``), so later builds in that process would get vLLM's."""
+    import transformers
+
+    name = CONFIG_MAPPING_NAMES.get(model_type)
+    own = getattr(transformers, name, None) if name else None
+    return own if own is not None else CONFIG_MAPPING[model_type]
+
+
+def load_transformers_model(model_dir: str | os.PathLike[str], **kwargs: Any) -> PreTrainedModel:
+    """``AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)`` with ``transformers``' own
+    config class (see :func:`config_class`: after vLLM loaded the same model type in this
+    process, ``AutoConfig`` would hand back vLLM's class)."""
+    model_type = json.loads((Path(model_dir) / "config.json").read_text())["model_type"]
+    config = config_class(model_type).from_pretrained(model_dir)
+    return AutoModelForCausalLM.from_pretrained(model_dir, config=config, **kwargs)
+
+
 def make_config(arch: str, size: str, dtype: str = "float32") -> Any:
     """The ``transformers`` config object of ``arch`` at ``size``."""
     spec = get_arch(arch)
     kwargs = spec.config_kwargs(size)
-    return CONFIG_MAPPING[spec.model_type](**kwargs, initializer_range=INIT_STD, dtype=dtype)
+    return config_class(spec.model_type)(**kwargs, initializer_range=INIT_STD, dtype=dtype)
 
 
 def make_model(arch: str, size: str = "tiny", seed: int = 0) -> PreTrainedModel:

@@ -117,13 +117,12 @@ def refusal(
     return None
 
 
-def refuse_unrunnable_on_cpu(vllm_config: Any) -> None:
+def refuse_unrunnable_on_cpu(model: Any) -> None:
     """Raise :class:`UnsupportedOnCPU` on the CPU platform for an :data:`UNRUNNABLE_ON_CPU`
-    family, and for a :data:`FLOAT32_ONLY_ON_CPU` family at another dtype (before an engine
-    starts, rather than at its first request or with a traceback from deep inside vLLM)."""
-    model = getattr(vllm_config, "model_config", None)
-    if model is None:
-        return
+    family, and for a :data:`FLOAT32_ONLY_ON_CPU` family at another dtype, given its
+    ``ModelConfig`` (as soon as it is built: before the ``VllmConfig``, whose validation fails
+    first for Kimi-Linear with prefix caching, and rather than at the first request or with a
+    traceback from deep inside vLLM)."""
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():

@@ -82,6 +82,9 @@ def hook_engine_config() -> bool:
 
     * before: with ``host_tier_gb > 0``, our host-tier connector in the args
       (``config.py::configure_host_tier``);
+    * on the model config (``EngineArgs.create_model_config``, before the ``VllmConfig`` is
+      built): a refusal for a family that cannot run on CPU, or not at this dtype
+      (``cpu_support.py::refuse_unrunnable_on_cpu``);
     * after: a refusal for a family whose prefix-cached outputs are not exact on CPU
       (``cpu_support.py``), then a hybrid's prefix match unit, where the user set none
       (``config.py::configure_match_unit``).
@@ -89,20 +92,20 @@ def hook_engine_config() -> bool:
     Idempotent; refused on another vLLM version."""
     from vllm_hybrid.adapters.vllm.compat.patches import wrap_engine_config
     from vllm_hybrid.adapters.vllm.config import configure_host_tier
+    from vllm_hybrid.adapters.vllm.cpu_support import refuse_unrunnable_on_cpu
 
-    return wrap_engine_config(configure_host_tier, _after_engine_config)
+    return wrap_engine_config(
+        configure_host_tier, _after_engine_config, model=refuse_unrunnable_on_cpu
+    )
 
 
 def _after_engine_config(engine_args: Any, vllm_config: Any) -> None:
-    """Refuse a family that cannot run at this dtype on CPU
-    (``cpu_support.refuse_unrunnable_on_cpu``) or whose prefix-cached outputs are not exact
-    there (``cpu_support.refuse_inexact_cpu_prefix_caching``), then set the match unit."""
+    """Refuse a family whose prefix-cached outputs are not exact on CPU
+    (``cpu_support.refuse_inexact_cpu_prefix_caching``; one that cannot run there at all, or at
+    this dtype, was refused on its model config: ``refuse_unrunnable_on_cpu``), then set the
+    match unit."""
     from vllm_hybrid.adapters.vllm.config import configure_match_unit
-    from vllm_hybrid.adapters.vllm.cpu_support import (
-        refuse_inexact_cpu_prefix_caching,
-        refuse_unrunnable_on_cpu,
-    )
+    from vllm_hybrid.adapters.vllm.cpu_support import refuse_inexact_cpu_prefix_caching
 
-    refuse_unrunnable_on_cpu(vllm_config)
     refuse_inexact_cpu_prefix_caching(vllm_config)
     configure_match_unit(engine_args, vllm_config)

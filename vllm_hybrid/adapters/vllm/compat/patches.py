@@ -69,17 +69,35 @@ def install_scheduler_selector(choose: Chooser) -> bool:
     return True
 
 
-def wrap_engine_config(before: Callable[[Any], None], after: Callable[[Any, Any], None]) -> bool:
+def wrap_engine_config(
+    before: Callable[[Any], None],
+    after: Callable[[Any, Any], None],
+    model: Callable[[Any], None] | None = None,
+) -> bool:
     """Wrap ``EngineArgs.create_engine_config`` (``vllm/engine/arg_utils.py``; ``LLM`` and
     ``vllm serve`` build their ``VllmConfig`` with it) so ``before(engine_args)`` runs first and
-    ``after(engine_args, vllm_config)`` on the config it built, before anything reads it."""
+    ``after(engine_args, vllm_config)`` on the config it built, before anything reads it; and
+    ``EngineArgs.create_model_config`` (called by it first) so ``model(model_config)`` runs on
+    the ``ModelConfig`` before the ``VllmConfig`` is built from it (whose validation, platform
+    hooks included, may fail before ``after`` could say why). Each method is wrapped once per
+    process (a second call wraps nothing already wrapped)."""
     from vllm.engine.arg_utils import EngineArgs
 
+    if not check_vllm_version("the engine config hooks"):
+        return False
+    create_model = EngineArgs.create_model_config
+    if model is not None and not _marked(create_model):
+
+        @functools.wraps(create_model)
+        def create_model_config(self: EngineArgs) -> Any:
+            model_config = create_model(self)
+            model(model_config)
+            return model_config
+
+        EngineArgs.create_model_config = _mark(create_model_config)  # type: ignore[method-assign]
     original = EngineArgs.create_engine_config
     if _marked(original):
         return True
-    if not check_vllm_version("the engine config hooks"):
-        return False
 
     @functools.wraps(original)
     def create_engine_config(self: EngineArgs, *args: Any, **kwargs: Any) -> Any:
