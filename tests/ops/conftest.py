@@ -68,3 +68,32 @@ def scan_inputs(
         "C": C.to(dtype),
         "D": rand(heads),
     }
+
+
+def run_rule_op_and_twin(q, k, v, g, beta, pool, **kw):
+    """``[(out, pool)]`` of ``gated_delta_rule`` and of its twin ``gated_delta_rule_varlen_ref``,
+    each from a copy of the same pool; outputs start NaN so rows the op must not touch stay NaN
+    in both."""
+    from vllm_hybrid.ops.gdn import gated_delta_rule, gated_delta_rule_varlen_ref
+
+    results = []
+    for fn in (gated_delta_rule, gated_delta_rule_varlen_ref):
+        state = pool.clone()
+        out = torch.full((q.shape[0], v.shape[1], v.shape[2]), float("nan"))
+        fn(q, k, v, g, beta, state, out=out, **kw)
+        results.append((out, state))
+    return results
+
+
+def rule_ref_in_chunks(q, k, v, g, beta, state, cuts):
+    """``gated_delta_rule_ref`` over the tokens cut at ``cuts``, ``state`` carried (in place)
+    from each call to the next; the outputs concatenated."""
+    from vllm_hybrid.ops.gdn import gated_delta_rule_ref
+
+    outs, lo = [], 0
+    for hi in (*cuts, q.shape[0]):
+        outs.append(
+            gated_delta_rule_ref(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], state)
+        )
+        lo = hi
+    return torch.cat(outs)

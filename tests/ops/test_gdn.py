@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.ops.conftest import requires_ext
+from tests.ops.conftest import requires_ext, rule_ref_in_chunks, run_rule_op_and_twin
 from vllm_hybrid.ops.gdn import (
     LANES,
     gated_delta_rule,
@@ -81,13 +81,9 @@ def test_chunking_does_not_change_a_bit(cuts):
     q, k, v, g, beta, *_ = _inputs(64, 2, 4, 16, 8, seed=3)
     whole_state = torch.zeros(4, 16, 8)
     whole = gated_delta_rule_ref(q, k, v, g, beta, whole_state)
-    state, outs, lo = torch.zeros(4, 16, 8), [], 0
-    for hi in (*cuts, 64):
-        outs.append(
-            gated_delta_rule_ref(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], state)
-        )
-        lo = hi
-    assert torch.equal(torch.cat(outs), whole) and torch.equal(state, whole_state)
+    state = torch.zeros(4, 16, 8)
+    chunked = rule_ref_in_chunks(q, k, v, g, beta, state, cuts)
+    assert torch.equal(chunked, whole) and torch.equal(state, whole_state)
 
 
 def test_non_contiguous_inputs():
@@ -161,18 +157,6 @@ def _pool(batch, hv, dk, dv, seed=1, pad=3):
     return pool, indices
 
 
-def _run_both(q, k, v, g, beta, pool, **kw):
-    """(out, pool) of the op and of the twin, from copies of the same pool; outputs start NaN
-    so rows the op must not touch stay NaN in both."""
-    results = []
-    for fn in (gated_delta_rule, gated_delta_rule_varlen_ref):
-        state = pool.clone()
-        out = torch.full((q.shape[0], v.shape[1], v.shape[2]), float("nan"))
-        fn(q, k, v, g, beta, state, out=out, **kw)
-        results.append((out, state))
-    return results
-
-
 def _same(a, b):
     return torch.equal(torch.nan_to_num(a, nan=1234.5), torch.nan_to_num(b, nan=1234.5))
 
@@ -189,7 +173,7 @@ def test_op_equals_ref_bit_for_bit(case, initial):
         "all": None,
         "mixed": torch.arange(len(seq_lens)) % 2 == 0,
     }[initial]
-    (out, state), (out_ref, state_ref) = _run_both(
+    (out, state), (out_ref, state_ref) = run_rule_op_and_twin(
         q, k, v, g, beta, pool, cu_seqlens=cu, state_indices=indices, has_initial_state=has_init
     )
     assert _same(out, out_ref) and not out.isnan().any()
@@ -249,7 +233,7 @@ def test_op_non_contiguous_and_bf16_inputs():
     assert torch.equal(state, want_state)
 
     bf = [x.bfloat16() for x in (q, k, v)]
-    (out, st), (out_ref, st_ref) = _run_both(
+    (out, st), (out_ref, st_ref) = run_rule_op_and_twin(
         *bf, g, beta, pool, cu_seqlens=cu, state_indices=indices
     )
     assert torch.equal(out, out_ref) and torch.equal(st, st_ref)
@@ -289,13 +273,15 @@ def test_op_without_final_state_and_padded_slots():
     q, k, v, g, beta, cu = _batch([10, 14, 6], 1, 2, 8, 16, seed=10)
     pool, _ = _pool(3, 2, 8, 16)
     indices = torch.tensor([3, -1, 5])  # the middle sequence is padding (PAD_SLOT_ID)
-    (out, state), (out_ref, state_ref) = _run_both(
+    (out, state), (out_ref, state_ref) = run_rule_op_and_twin(
         q, k, v, g, beta, pool, cu_seqlens=cu, state_indices=indices, output_final_state=False
     )
     assert torch.equal(state, pool) and torch.equal(state_ref, pool)
     assert _same(out, out_ref)
     assert out[10:24].isnan().all() and not out[:10].isnan().any() and not out[24:].isnan().any()
-    (with_state, _), _ = _run_both(q, k, v, g, beta, pool, cu_seqlens=cu, state_indices=indices)
+    (with_state, _), _ = run_rule_op_and_twin(
+        q, k, v, g, beta, pool, cu_seqlens=cu, state_indices=indices
+    )
     assert _same(out, with_state)
 
 

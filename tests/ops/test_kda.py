@@ -11,11 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.ops.conftest import requires_ext
+from tests.ops.conftest import requires_ext, rule_ref_in_chunks, run_rule_op_and_twin
 from vllm_hybrid.ops.gdn import (
     gated_delta_rule,
     gated_delta_rule_ref,
-    gated_delta_rule_varlen_ref,
     kda_gating_ref,
 )
 
@@ -93,13 +92,9 @@ def test_chunking_does_not_change_a_bit(cuts):
     q, k, v, g, beta = _inputs(64, 2, 16, 8, seed=3)
     whole_state = torch.zeros(2, 16, 8)
     whole = gated_delta_rule_ref(q, k, v, g, beta, whole_state)
-    state, outs, lo = torch.zeros(2, 16, 8), [], 0
-    for hi in (*cuts, 64):
-        outs.append(
-            gated_delta_rule_ref(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], state)
-        )
-        lo = hi
-    assert torch.equal(torch.cat(outs), whole) and torch.equal(state, whole_state)
+    state = torch.zeros(2, 16, 8)
+    chunked = rule_ref_in_chunks(q, k, v, g, beta, state, cuts)
+    assert torch.equal(chunked, whole) and torch.equal(state, whole_state)
 
 
 def test_a_decay_equal_on_every_channel_is_the_per_head_rule():
@@ -134,16 +129,6 @@ def _batch(seq_lens, heads, dk, dv, seed=0):
     return q, k, v, g, beta, cu
 
 
-def _run_both(q, k, v, g, beta, pool, **kw):
-    results = []
-    for fn in (gated_delta_rule, gated_delta_rule_varlen_ref):
-        state = pool.clone()
-        out = torch.full((q.shape[0], v.shape[1], v.shape[2]), float("nan"))
-        fn(q, k, v, g, beta, state, out=out, **kw)
-        results.append((out, state))
-    return results
-
-
 @requires_ext
 @pytest.mark.parametrize("initial", ["none", "all", "mixed"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"lens{c[0]}-{c[1]}h-{c[2]}x{c[3]}")
@@ -160,7 +145,7 @@ def test_op_equals_ref_bit_for_bit(case, initial):
         "all": None,
         "mixed": torch.arange(batch) % 2 == 0,
     }[initial]
-    (out, state), (out_ref, state_ref) = _run_both(
+    (out, state), (out_ref, state_ref) = run_rule_op_and_twin(
         q, k, v, g, beta, pool, cu_seqlens=cu, state_indices=indices, has_initial_state=has_init
     )
     assert torch.equal(out, out_ref) and not out.isnan().any()
