@@ -1,4 +1,5 @@
-"""The gated delta rule (Qwen3-Next / Qwen3.5 "GDN" layers) in float32, one token at a time.
+"""The gated delta rule (Qwen3-Next / Qwen3.5 / OLMo-Hybrid "GDN" layers, and Kimi-Linear's
+Kimi delta attention) in float32, one token at a time.
 
 For one head, with state ``S`` of shape ``[K, V]`` and per token ``q, k`` (``[K]``), ``v``
 (``[V]``), decay ``g`` and write strength ``beta`` (scalars)::
@@ -12,7 +13,9 @@ with ``q`` and ``k`` L2-normalised first (eps 1e-6), as vLLM's CPU kernels and t
 ``torch_recurrent_gated_delta_rule`` do with ``use_qk_l2norm_in_kernel``. The gates come from
 the layer's ``A_log``, ``dt_bias`` and projections ``a``, ``b``:
 ``g = -exp(A_log) * softplus(a + dt_bias)``, ``beta = sigmoid(b)``. With more value heads than
-key heads, value head ``h`` reads key head ``h // (Hv / Hk)``.
+key heads, value head ``h`` reads key head ``h // (Hv / Hk)``. Kimi delta attention is the same
+rule with ``g`` a vector over ``K``: row ``i`` of ``S`` is scaled by ``exp(g[i])`` (gates from
+:func:`kda_gating_ref`); pass ``g`` as ``[T, Hv, K]`` instead of ``[T, Hv]``.
 
 Why sequential: the state after ``n`` tokens is then the same bits however the tokens were cut
 into prefill chunks, so a run that resumes from a cached state continues exactly as a run

@@ -1,8 +1,10 @@
-"""Hybrid families whose prefix-cached outputs cannot be made exact on vLLM 0.32.0's CPU backend.
+"""Hybrid families whose prefix-cached outputs cannot be made exact on vLLM 0.32.0's CPU backend,
+and those that cannot run there at all (or not at every dtype).
 
-The plugin refuses ``enable_prefix_caching`` for them on the CPU platform (at
+The plugin refuses ``enable_prefix_caching`` for the first on the CPU platform (at
 ``EngineArgs.create_engine_config``, before any engine starts) instead of serving outputs that
-differ from caching off. What was measured, and which vLLM code is responsible, is in
+differ from caching off, and the others on their ``ModelConfig``
+(:func:`refuse_unrunnable_on_cpu`). What was measured, and which vLLM code is responsible, is in
 ``docs/cpu_prefix_caching.md`` and ``docs/results/2026-12-04-new-families.md``.
 
 ``VLLM_HYBRID_CPU_ALLOW_INEXACT=1`` lets such an engine start anyway (for measuring it);
@@ -91,7 +93,8 @@ UNRUNNABLE_ON_CPU: dict[str, str] = {
 
 
 class UnsupportedOnCPU(ValueError):
-    """Prefix caching was asked for a family that cannot be served exact on vLLM's CPU backend."""
+    """A family that cannot run on vLLM's CPU backend (at this dtype), or prefix caching for one
+    that cannot be served exact there."""
 
 
 def refusal(
