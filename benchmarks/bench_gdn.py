@@ -25,10 +25,15 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from op_timing import median_ratio, medians, round_robin, thread_counts, timed  # noqa: E402
 
 
 def shape() -> tuple[int, int, int, int]:
@@ -58,12 +63,6 @@ def inputs(tokens: int, hk: int, hv: int, dk: int, dv: int) -> dict[str, torch.T
         "beta": beta,
         "state": rand(4, hv, dk, dv) * 0.1,  # a pool of 4 slots; the sequence uses slot 2
     }
-
-
-def timed(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return (time.perf_counter() - start) * 1e3
 
 
 def run(tokens: int, repeats: int, ref_tokens: int) -> dict[str, float]:
@@ -116,22 +115,10 @@ def run(tokens: int, repeats: int, ref_tokens: int) -> dict[str, float]:
         "ours_states": lambda: ours(True),
         "ours_nostates": lambda: ours(False),
     }
-    for fn in rows.values():
-        fn()  # warm-up
-    # round-robin: every round times every row once, so a busy machine slows all rows alike;
-    # the ratios are the median over rounds of the same round's ratio
-    rounds = []
-    for _ in range(repeats):
-        fresh.update(f32=pool.clone(), bf16=vstate.clone())  # outside the timed calls
-        rounds.append({name: timed(fn) for name, fn in rows.items()})
-    med = lambda key: statistics.median(r[key] for r in rounds)  # noqa: E731
-    row = {
-        key: med(key) for key in ("vllm_states", "vllm_nostates", "ours_states", "ours_nostates")
-    }
+    rounds = round_robin(rows, repeats, lambda: fresh.update(f32=pool.clone(), bf16=vstate.clone()))
+    row = medians(rounds)
     for kind in ("states", "nostates"):
-        row[f"ratio_{kind}"] = statistics.median(
-            r[f"ours_{kind}"] / r[f"vllm_{kind}"] for r in rounds
-        )
+        row[f"ratio_{kind}"] = median_ratio(rounds, f"ours_{kind}", f"vllm_{kind}")
     n = min(ref_tokens, tokens)
     row["ref"] = statistics.median(timed(ref) for _ in range(max(1, repeats // 2))) * tokens / n
     o_ours = ours(False).clone()
@@ -159,13 +146,7 @@ def main() -> None:
     )
     print(f"{'':>13} | {'states':^31} | {'no states':^31} |")
     print(head)
-    threads = (
-        [int(x) for x in args.threads.split(",")]
-        if args.threads
-        else sorted({1, torch.get_num_threads()})
-    )
-    for n in threads:
-        torch.set_num_threads(n)
+    for n in thread_counts(args.threads):
         for tokens in (int(x) for x in args.tokens.split(",")):
             r = run(tokens, args.repeats, args.ref_tokens)
             print(

@@ -21,11 +21,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from op_timing import median_ratio, medians, round_robin, thread_counts  # noqa: E402
 
 
 def shape() -> tuple[int, int]:
@@ -33,12 +37,6 @@ def shape() -> tuple[int, int]:
 
     c = KimiLinearConfig()
     return c.linear_num_heads, c.linear_head_dim
-
-
-def timed(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return (time.perf_counter() - start) * 1e3
 
 
 def run(tokens: int, repeats: int) -> dict[str, float]:
@@ -83,15 +81,10 @@ def run(tokens: int, repeats: int) -> dict[str, float]:
         "kda_nostates": lambda: ours(g, False),
         "gdn_states": lambda: ours(g[:, :, 0], True),
     }
-    for fn in rows.values():
-        fn()  # warm-up
-    rounds = []
-    for _ in range(repeats):
-        fresh["pool"] = pool.clone()  # outside the timed calls
-        rounds.append({name: timed(fn) for name, fn in rows.items()})
-    row = {key: statistics.median(r[key] for r in rounds) for key in rows}
+    rounds = round_robin(rows, repeats, lambda: fresh.update(pool=pool.clone()))
+    row = medians(rounds)
     for kind in ("states", "nostates"):
-        row[f"ratio_{kind}"] = statistics.median(r[f"kda_{kind}"] / r[f"hf_{kind}"] for r in rounds)
+        row[f"ratio_{kind}"] = median_ratio(rounds, f"kda_{kind}", f"hf_{kind}")
     o_ours = ours(g, False).clone()
     row["err"] = ((hf(False) - o_ours).abs().max() / o_ours.abs().max()).item()
     return row
@@ -114,13 +107,7 @@ def main() -> None:
         f" {'hf-chunk ms':>11} {'ours-kda ms':>11} {'ratio':>6} | {'ours-gdn ms':>11} |"
         f" {'err':>8}"
     )
-    threads = (
-        [int(x) for x in args.threads.split(",")]
-        if args.threads
-        else sorted({1, torch.get_num_threads()})
-    )
-    for n in threads:
-        torch.set_num_threads(n)
+    for n in thread_counts(args.threads):
         for tokens in (int(x) for x in args.tokens.split(",")):
             r = run(tokens, args.repeats)
             print(

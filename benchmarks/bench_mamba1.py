@@ -21,11 +21,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from op_timing import median_ratio, medians, round_robin, thread_counts  # noqa: E402
 
 
 def shape() -> tuple[int, int]:
@@ -33,12 +37,6 @@ def shape() -> tuple[int, int]:
 
     c = JambaConfig()
     return c.hidden_size * c.mamba_expand, c.mamba_d_state
-
-
-def timed(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return (time.perf_counter() - start) * 1e3
 
 
 def run(tokens: int, repeats: int) -> dict[str, float]:
@@ -75,12 +73,10 @@ def run(tokens: int, repeats: int) -> dict[str, float]:
         "hf_nostates": lambda: hf(False),
         "ours": ours,
     }
-    for fn in rows.values():
-        fn()  # warm-up
-    rounds = [{name: timed(fn) for name, fn in rows.items()} for _ in range(repeats)]
-    row = {key: statistics.median(r[key] for r in rounds) for key in rows}
+    rounds = round_robin(rows, repeats)
+    row = medians(rounds)
     for kind in ("states", "nostates"):
-        row[f"ratio_{kind}"] = statistics.median(r["ours"] / r[f"hf_{kind}"] for r in rounds)
+        row[f"ratio_{kind}"] = median_ratio(rounds, "ours", f"hf_{kind}")
     ours()
     hf(False)
     y_ours, y_hf = out["ours"], out["hf"][0]
@@ -103,13 +99,7 @@ def main() -> None:
         f"{'threads':>7} {'T':>5} | {'hf-seq ms':>10} {'(no states)':>11} | {'ours-op ms':>10} |"
         f" {'ratio':>6} {'(no states)':>11} | {'err':>8}"
     )
-    threads = (
-        [int(x) for x in args.threads.split(",")]
-        if args.threads
-        else sorted({1, torch.get_num_threads()})
-    )
-    for t in threads:
-        torch.set_num_threads(t)
+    for t in thread_counts(args.threads):
         for tokens in (int(x) for x in args.tokens.split(",")):
             r = run(tokens, args.repeats)
             print(
