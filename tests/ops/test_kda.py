@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.ops.conftest import requires_ext, rule_ref_in_chunks, run_rule_op_and_twin
+from tests.ops.conftest import assert_cuts_change_no_bit, requires_ext, run_rule_op_and_twin
 from vllm_hybrid.ops.gdn import (
     gated_delta_rule,
     gated_delta_rule_ref,
@@ -89,12 +89,7 @@ def test_gating_formula_and_lower_bound():
 
 @pytest.mark.parametrize("cuts", [(1,), (17,), (5, 6, 40)])
 def test_chunking_does_not_change_a_bit(cuts):
-    q, k, v, g, beta = _inputs(64, 2, 16, 8, seed=3)
-    whole_state = torch.zeros(2, 16, 8)
-    whole = gated_delta_rule_ref(q, k, v, g, beta, whole_state)
-    state = torch.zeros(2, 16, 8)
-    chunked = rule_ref_in_chunks(q, k, v, g, beta, state, cuts)
-    assert torch.equal(chunked, whole) and torch.equal(state, whole_state)
+    assert_cuts_change_no_bit(*_inputs(64, 2, 16, 8, seed=3), cuts)
 
 
 def test_a_decay_equal_on_every_channel_is_the_per_head_rule():
