@@ -233,8 +233,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         raise UsageError("--num-prompts must be at least 16 (the 16 prefixes)")
     out = Path(args.out).resolve()
     args.out = str(out)
-    if Path(args.model).exists():
-        args.model = str(Path(args.model).resolve())
+    # absolute, built or not: the server runs in --code's directory, where a relative path
+    # would not exist and transformers would look it up on the Hub
+    args.model = str(Path(args.model).resolve())
     args.json = args.json or str(out / "results.json")
     args.png = args.png or str(out / "results.png")
     args.code = str(Path(args.code).resolve())

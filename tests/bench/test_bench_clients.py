@@ -59,6 +59,17 @@ def test_arguments_resolve_defaults(tmp_path: Path, fake_clients: Path) -> None:
     assert args.png == str(tmp_path / "o" / "results.png")
 
 
+def test_a_model_not_built_yet_is_made_absolute(
+    tmp_path: Path, fake_clients: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the server runs in --code's directory: a relative path would not exist there
+    monkeypatch.chdir(tmp_path)
+    args = bench_clients.parse_args(
+        ["--model", "models/new", "--out", "o", "--clients-venv", str(fake_clients)]
+    )
+    assert args.model == str(tmp_path / "models" / "new")
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
