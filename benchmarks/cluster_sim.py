@@ -26,10 +26,11 @@ import time
 from pathlib import Path
 
 from vllm_hybrid.core import CostModel, load_shape
-from vllm_hybrid.sim.cluster import DEFAULT_DECODE_S, DEFAULT_THROUGHPUT, run_grid
+from vllm_hybrid.sim.cluster import run_grid
 from vllm_hybrid.sim.cluster_report import format_table, write_plot
 from vllm_hybrid.sim.generators import GENERATORS
 from vllm_hybrid.sim.routers import ROUTERS
+from vllm_hybrid.sim.service import DEFAULT_DECODE_S, DEFAULT_THROUGHPUT
 from vllm_hybrid.sim.trace import load_mooncake
 
 MOONCAKE = (

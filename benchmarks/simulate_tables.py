@@ -54,8 +54,8 @@ def run_job(job: tuple[str, str, str]) -> tuple[str, str, str, dict, float]:
 def _summary(results: list[tuple[str, str, str, dict, float]]) -> str:
     lines = [
         "| workload | shape | budget GB | flop | best baseline | flop/best | belady | "
-        "headroom closed |",
-        "|---|---|---|---|---|---|---|---|",
+        "headroom closed | TTFT p50 flop / best baseline, s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for workload, shape, _, data, _ in results:
         for budget, entry in data["budgets"].items():
@@ -69,10 +69,11 @@ def _summary(results: list[tuple[str, str, str, dict, float]]) -> str:
             ratio = f"{ours / best:.2f}x" if best > 0 else "n/a"
             closed = entry["headroom_closed"]
             closed_s = f"{100 * closed:.0f}%" if closed is not None else "n/a"
+            ttft = f"{rows['flop']['ttft_p50_s']:.3g} / {rows[best_name]['ttft_p50_s']:.3g}"
             lines.append(
                 f"| {workload} | {shape} | {int(budget) / 1e9:g} | {100 * ours:.1f}% | "
                 f"{100 * best:.1f}% ({best_name}) | {ratio} | "
-                f"{100 * rows['belady']['flops_saved_rate']:.1f}% | {closed_s} |"
+                f"{100 * rows['belady']['flops_saved_rate']:.1f}% | {closed_s} | {ttft} |"
             )
     return "\n".join(lines)
 

@@ -81,6 +81,7 @@ def test_one_replica_is_the_single_engine_replay() -> None:
         stats, _, _ = run_cluster(reqs, COST, ClusterConfig(1, budget, policy), "state")
         single = replay(reqs, COST, POLICIES[policy](COST), budget)
         assert (stats.hit_tokens, stats.flops_saved) == (single.hit_tokens, single.flops_saved)
+        assert stats.ttft_s == single.ttft_s  # one service model (sim/service.py)
 
 
 def test_fifo_prefill_times() -> None:
@@ -91,7 +92,7 @@ def test_fifo_prefill_times() -> None:
     stats, reps, _ = run_cluster(keyed([a, b, c]), COST, ClusterConfig(1, int(1e12)), "state")
     fa, fb, fc = (COST.span_flops(0, n) / X for n in (1000, 3000, 500))
     assert stats.ttft_s == pytest.approx([fa, fa + fb, fc])
-    assert reps[0].busy_s == pytest.approx(fa + fb + fc)
+    assert reps[0].prefill.busy_s == pytest.approx(fa + fb + fc)
 
 
 def _moves(reqs, stats):
@@ -144,6 +145,7 @@ def test_bad_config() -> None:
         (["--replicas", "2", "--router", "state,magic"], "unknown router 'magic'; known: "),
         (["--router", "state"], "--router needs --replicas"),
         (["--replicas", "2", "--throughput-tflops", "0"], "--throughput-tflops must be > 0"),
+        (["--throughput-tflops", "-1"], "--throughput-tflops must be > 0"),
     ],
 )
 def test_cli_errors(argv, message, capsys) -> None:

@@ -19,7 +19,7 @@ from vllm_hybrid.core import (
     builtin_shape_names,
     load_shape,
 )
-from vllm_hybrid.sim.cluster import DEFAULT_DECODE_S, DEFAULT_THROUGHPUT, run_grid
+from vllm_hybrid.sim.cluster import run_grid
 from vllm_hybrid.sim.cluster_report import format_table
 from vllm_hybrid.sim.cluster_report import write_json as write_cluster_json
 from vllm_hybrid.sim.cluster_report import write_plot as write_cluster_plot
@@ -28,6 +28,7 @@ from vllm_hybrid.sim.replay import ProgressFn
 from vllm_hybrid.sim.report import format_text, write_json, write_plot
 from vllm_hybrid.sim.routers import ROUTERS, UnknownRouterError, check_routers
 from vllm_hybrid.sim.runner import UnknownPolicyError, check_policies, run_all
+from vllm_hybrid.sim.service import DEFAULT_DECODE_S, DEFAULT_THROUGHPUT
 from vllm_hybrid.sim.trace import SimRequest, TraceError, load_mooncake
 
 
@@ -78,6 +79,13 @@ def add_simulate_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="also run sglang with SGLang's two pools, Mamba/KV bytes = RATIO (its "
         f"--mamba-full-memory-ratio, default {MAMBA_FULL_MEMORY_RATIO}); 0: only one budget",
     )
+    p.add_argument(
+        "--throughput-tflops",
+        type=float,
+        default=DEFAULT_THROUGHPUT / 1e12,
+        help="prefill TFLOP/s one engine (replica) sustains: the TTFT every row shows, "
+        "requests queued FIFO at their arrivals (default %(default)g)",
+    )
     p.add_argument("--limit", type=int, default=None, help="only the first N requests")
     p.add_argument("--seed", type=int, default=0, help="seed for gen: workloads")
     p.add_argument("--json", dest="json_out", default=None, help="write results as JSON")
@@ -94,12 +102,6 @@ def add_simulate_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--router",
         default=None,
         help=f"comma-separated, from: {', '.join(ROUTERS)} (default: all; needs --replicas)",
-    )
-    c.add_argument(
-        "--throughput-tflops",
-        type=float,
-        default=DEFAULT_THROUGHPUT / 1e12,
-        help="prefill TFLOP/s one replica sustains (default %(default)g)",
     )
     c.add_argument(
         "--decode-ms-per-token",
@@ -180,8 +182,6 @@ def _cluster_options(args: argparse.Namespace) -> tuple[list[int], list[str]] | 
         return None
     replicas = _parse_replicas(args.replicas)
     routers = check_routers(_split(args.router)) if args.router is not None else list(ROUTERS)
-    if not args.throughput_tflops > 0:
-        raise ValueError(f"--throughput-tflops must be > 0, got {args.throughput_tflops:g}")
     if args.decode_ms_per_token < 0:
         raise ValueError(f"--decode-ms-per-token must be >= 0, got {args.decode_ms_per_token:g}")
     if args.overload_wait_s < 0:
@@ -254,6 +254,8 @@ def run_simulate(args: argparse.Namespace) -> int:
             raise ValueError(f"--host-gbps must be > 0, got {args.host_gbps:g}")
         if args.sglang_pools < 0:
             raise ValueError(f"--sglang-pools must be >= 0, got {args.sglang_pools:g}")
+        if not args.throughput_tflops > 0:
+            raise ValueError(f"--throughput-tflops must be > 0, got {args.throughput_tflops:g}")
         cost = CostModel(
             load_shape(args.model), args.block_tokens, int8_snapshots=args.int8_snapshots
         )
@@ -278,6 +280,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         host_bytes=int(args.host_gb * 1e9),
         host_bandwidth=args.host_gbps * 1e9,
         sglang_pools=args.sglang_pools,
+        throughput_flops=args.throughput_tflops * 1e12,
     )
     print(format_text(res))
     print(f"({len(requests)} requests, {time.perf_counter() - started:.1f}s)")

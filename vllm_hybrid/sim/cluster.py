@@ -9,9 +9,9 @@ The service model (time in seconds, requests overlap):
 
 * arrivals are the trace's (``arrival_ms``), in order; the router decides at arrival, from
   each replica's index (queried read-only: ``PrefixIndex.match`` changes nothing) and load;
-* a replica runs prefills one at a time, first in first out: a request starts at
-  ``max(arrival, previous prefill's end)`` and its prefill takes ``span_flops(hit, prompt) /
-  throughput`` (the stated device FLOP/s); TTFT = its prefill's end - arrival;
+* a replica runs prefills one at a time, first in first out (``sim/service.py``): a request
+  starts at ``max(arrival, previous prefill's end)`` and its prefill takes ``span_flops(hit,
+  prompt) / throughput`` (the stated device FLOP/s); TTFT = its prefill's end - arrival;
 * decode is batched and overlaps the prefills (as chunked prefill mixes them): a request
   decodes ``output_tokens * decode_s_per_token`` after its prefill, taking no prefill time; it
   counts as running (and its KV as active) until then;
@@ -32,7 +32,6 @@ so there no session is known.
 from __future__ import annotations
 
 import heapq
-import math
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
@@ -42,10 +41,8 @@ from vllm_hybrid.core import POLICIES, CostModel, EngineAdmission, ReplicaLoad, 
 from vllm_hybrid.sim.pool import SimPool
 from vllm_hybrid.sim.replay import BudgetViolation, RunStats, _Run, _serve
 from vllm_hybrid.sim.routers import Router, StateAwareRouter, make_router
+from vllm_hybrid.sim.service import DEFAULT_DECODE_S, DEFAULT_THROUGHPUT, PrefillQueue, quantile
 from vllm_hybrid.sim.trace import KeyedRequest, SimRequest
-
-DEFAULT_THROUGHPUT = 4e14  # FLOP/s a replica sustains in prefill (H100-class, ~40% of bf16)
-DEFAULT_DECODE_S = 0.02  # seconds per generated token of one request (50 tokens/s)
 
 
 @dataclass(frozen=True)
@@ -105,10 +102,7 @@ class ClusterStats:
 
     def ttft(self, q: float) -> float:
         """The ``q``-quantile of TTFT (nearest rank), seconds."""
-        if not self.ttft_s:
-            return 0.0
-        xs = sorted(self.ttft_s)
-        return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))]
+        return quantile(self.ttft_s, q)
 
     @property
     def imbalance(self) -> float:
@@ -159,8 +153,7 @@ class Replica:
         self.stats = RunStats(f"{cfg.policy}@{rid}", cfg.budget_bytes)
         admission = EngineAdmission(policy, cost.block_tokens) if cfg.engine_admission else policy
         self.run = _Run(self.pool, policy, admission, cost, self.stats, None, None)
-        self.free_at = 0.0  # when the prefill server is free
-        self.busy_s = 0.0
+        self.prefill = PrefillQueue(cfg.throughput_flops)
         self._prefills: deque[tuple[float, int, int]] = deque()  # (end, prompt, output tokens)
         self._decodes: list[tuple[float, int]] = []  # heap of (finish, tokens held)
         self._queued_tokens = self._running_tokens = 0
@@ -181,7 +174,7 @@ class Replica:
         return ReplicaLoad(
             queued_requests=len(self._prefills),
             queued_prefill_tokens=self._queued_tokens,
-            queued_prefill_flops=max(0.0, self.free_at - now) * self.cfg.throughput_flops,
+            queued_prefill_flops=self.prefill.backlog_flops(now),
             running=len(self._decodes),
             free_pages=self.pool.free_bytes // page,
             active_tokens=self._queued_tokens + self._running_tokens,
@@ -204,13 +197,10 @@ class Replica:
             )
         hit = self.stats.hit_tokens - before
         prompt = kr.req.prompt_tokens
-        start = max(now, self.free_at)
-        took = self.cost.span_flops(hit, prompt) / self.cfg.throughput_flops
-        self.free_at = start + took
-        self.busy_s += took
-        self._prefills.append((self.free_at, prompt, kr.req.output_tokens))
+        ttft = self.prefill.serve(now, self.cost.span_flops(hit, prompt))
+        self._prefills.append((self.prefill.free_at, prompt, kr.req.output_tokens))
         self._queued_tokens += prompt
-        return hit, self.free_at - now
+        return hit, ttft
 
 
 def session_ids(requests: Sequence[SimRequest]) -> list[Hashable | None]:
@@ -292,7 +282,7 @@ def run_cluster(
         if progress is not None:
             progress(t + 1, len(order))
     stats.seconds = time.perf_counter() - started
-    stats.busy_s = [rep.busy_s for rep in reps]
+    stats.busy_s = [rep.prefill.busy_s for rep in reps]
     stats.requests_per_replica = counts
     stats.peak_bytes = [rep.pool.peak_bytes for rep in reps]
     if isinstance(router, StateAwareRouter):

@@ -7,8 +7,13 @@ Each request: match its prompt (a hit must leave the last prompt token to comput
 ``prompt_tokens - 1``), lock the matched path, let the policy choose snapshot positions, insert
 the blocks it leaves behind (prompt, plus output where a later turn extends it; an admission
 with ``kv_end_tokens`` keeps fewer, ``core/policy.py``) with snapshots where chosen, unlock.
-Requests are served one at a time (no overlap in time); the budget is checked after every
+The cache serves requests one at a time, in arrival order; the budget is checked after every
 request and the pool raises if any step would exceed it.
+
+Time to first token: each request's prefill of what its hit did not save (plus a host-tier
+hit's transfer) is queued, at its arrival, on one FIFO prefill server of ``throughput_flops``
+(``sim/service.py``), so requests overlap in time and wait for each other as on an engine, and
+``RunStats`` holds each request's TTFT (queueing included).
 
 With a host tier (``host_bytes > 0``), snapshots the policy evicts alone are demoted to host
 memory; a request whose hit ends on a host snapshot counts as a hit (its prefix is skipped, the
@@ -61,6 +66,7 @@ from dataclasses import asdict, dataclass, field
 
 from vllm_hybrid.core import AdmitContext, BeladyOracle, CostModel, Match, Node
 from vllm_hybrid.sim.pool import LockHandle, SimPool
+from vllm_hybrid.sim.service import DEFAULT_THROUGHPUT, PrefillQueue, quantile
 from vllm_hybrid.sim.trace import KeyedRequest
 
 ProgressFn = Callable[[int, int], None]
@@ -94,10 +100,21 @@ class RunStats:
     host_invalidated: int = 0
     host_peak_bytes: int = 0
     promote_seconds: float = 0.0
+    # time to first token of each request, seconds (sim/service.py), in serving order
+    throughput_flops: float = DEFAULT_THROUGHPUT
+    ttft_s: list[float] = field(default_factory=list, repr=False)
 
     @property
     def token_hit_rate(self) -> float:
         return self.hit_tokens / max(self.prompt_tokens, 1)
+
+    def ttft(self, q: float) -> float:
+        """The ``q``-quantile of TTFT (nearest rank), seconds."""
+        return quantile(self.ttft_s, q)
+
+    @property
+    def ttft_mean(self) -> float:
+        return sum(self.ttft_s) / max(len(self.ttft_s), 1)
 
     @property
     def flops_saved_rate(self) -> float:
@@ -109,10 +126,14 @@ class RunStats:
 
     def to_dict(self) -> dict[str, float | int | str]:
         out: dict[str, float | int | str] = dict(asdict(self))
+        del out["ttft_s"]  # one value per request: summarised below
         out.update(
             token_hit_rate=self.token_hit_rate,
             flops_saved_rate=self.flops_saved_rate,
             state_hit_rate=self.state_hit_rate,
+            ttft_mean_s=self.ttft_mean,
+            ttft_p50_s=self.ttft(0.5),
+            ttft_p95_s=self.ttft(0.95),
         )
         return out
 
@@ -382,6 +403,7 @@ def replay(
     state_budget_bytes: int | None = None,
     vllm_queue: int = 0,
     hits_out: list[int] | None = None,
+    throughput_flops: float = DEFAULT_THROUGHPUT,
 ) -> RunStats:
     """Replay ``requests``; ``oracle`` (if given) records future uses for a Belady run;
     ``check_every`` > 0 runs ``check_integrity()`` every that many requests (slow);
@@ -398,7 +420,8 @@ def replay(
     budget is a pool of its own for states (SGLang's Mamba pool, ``sim/pool.py``);
     ``vllm_queue``: N > 0 evicts as vLLM's own pool does, page by page from its free queue, a
     snapshot N pages, a recomputed block's old page kept (``sim/pool.py``; the ``stock`` row);
-    ``hits_out``: each request's hit tokens are appended to it, in order."""
+    ``hits_out``: each request's hit tokens are appended to it, in order;
+    ``throughput_flops``: the prefill FLOP/s of the TTFT model (module docstring)."""
     if in_flight < 1:
         raise ValueError(f"in_flight must be >= 1, got {in_flight}")
     if not 1 <= visible_after <= in_flight:
@@ -423,8 +446,12 @@ def replay(
     )
     host = None if pool.host is None else pool.host.tier
     stats = RunStats(
-        name or getattr(policy, "name", "?"), budget_bytes, host_budget_bytes=host_bytes
+        name or getattr(policy, "name", "?"),
+        budget_bytes,
+        host_budget_bytes=host_bytes,
+        throughput_flops=throughput_flops,
     )
+    prefill = PrefillQueue(throughput_flops)
     started = time.perf_counter()
     run = _Run(pool, policy, admission or policy, cost, stats, oracle, window, hits_out)
     if waiting is not None and len(waiting) != len(requests):
@@ -436,7 +463,12 @@ def replay(
         if waiting:
             cursor[0] = t - first_index
             pool.refresh_lookahead()
+        hit, moved = stats.hit_tokens, 0.0 if host is None else host.promote_seconds
         _serve(run, kr, t)
+        hit = stats.hit_tokens - hit
+        moved = 0.0 if host is None else host.promote_seconds - moved
+        flops = cost.span_flops(hit, kr.req.prompt_tokens)
+        stats.ttft_s.append(prefill.serve(kr.req.arrival_ms / 1000.0, flops, moved))
         if pool.peak_bytes > pool_budget:
             raise BudgetViolation(f"{stats.policy}: peak {pool.peak_bytes} > {pool_budget}")
         if host is not None and host.peak_bytes > host_bytes:

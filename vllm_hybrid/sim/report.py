@@ -25,6 +25,11 @@ def headroom_closed(row: dict[str, RunStats], ours: str = "flop") -> float | Non
     return (row[ours].flops_saved_rate - best) / room
 
 
+def _seconds(x: float) -> str:
+    """Three significant digits, at least one decimal: 0.0123, 4.56, 789.0, 12345.0."""
+    return f"{x:.3g}" if x < 100 else f"{x:.1f}"
+
+
 def _row_cells(name: str, s: RunStats, host: bool = False) -> list[str]:
     cells = [
         name,
@@ -36,6 +41,7 @@ def _row_cells(name: str, s: RunStats, host: bool = False) -> list[str]:
         f"{s.peak_bytes / GB:.2f}/{s.budget_bytes / GB:.4g}"
         if s.budget_bytes < 1 << 61
         else f"{s.peak_bytes / GB:.0f}/inf",
+        f"{_seconds(s.ttft(0.5))}/{_seconds(s.ttft(0.95))}",
     ]
     if host:
         cells.append(f"{s.host_hits}/{s.demoted} ({s.promote_seconds:.1f} s)")
@@ -50,6 +56,7 @@ HEADER = [
     "snaps taken/kept",
     "evicted kv/snap",
     "peak/budget GB",
+    "TTFT p50/p95 s",
 ]
 HOST_HEADER = "host hits/demoted (transfer)"
 
@@ -85,7 +92,10 @@ def _table_rows(res: Results) -> list[tuple[str, list[list[str]], str]]:
 
 
 def format_text(res: Results) -> str:
-    lines = [f"== {res.workload} | {res.shape} | {res.block_tokens}-token blocks =="]
+    lines = [
+        f"== {res.workload} | {res.shape} | {res.block_tokens}-token blocks | "
+        f"prefill {res.throughput_flops / 1e12:g} TFLOP/s (TTFT, FIFO) =="
+    ]
     header = _header(res)
     for note, cells, _ in _table_rows(res):
         widths = [max(len(r[i]) for r in [header, *cells]) for i in range(len(header))]
@@ -102,7 +112,11 @@ def format_text(res: Results) -> str:
 
 
 def format_markdown(res: Results) -> str:
-    lines = [f"#### {res.workload}, {res.shape}, {res.block_tokens}-token blocks", ""]
+    lines = [
+        f"#### {res.workload}, {res.shape}, {res.block_tokens}-token blocks, "
+        f"prefill {res.throughput_flops / 1e12:g} TFLOP/s",
+        "",
+    ]
     header = _header(res)
     for note, cells, _ in _table_rows(res):
         lines += [f"*{note}*", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -116,6 +130,7 @@ def to_json(res: Results) -> dict[str, Any]:
         "workload": res.workload,
         "shape": res.shape,
         "block_tokens": res.block_tokens,
+        "throughput_flops": res.throughput_flops,
         "infinite": res.infinite.to_dict(),
         "marconi_alpha": {str(b): a for b, a in res.marconi_alpha.items()},
         "budgets": {

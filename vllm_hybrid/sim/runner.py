@@ -23,6 +23,7 @@ from vllm_hybrid.core import (
     pool_split_bytes,
 )
 from vllm_hybrid.sim.replay import ProgressFn, RunStats, replay
+from vllm_hybrid.sim.service import DEFAULT_THROUGHPUT
 from vllm_hybrid.sim.trace import KeyedRequest, SimRequest
 
 MARCONI_ALPHAS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
@@ -53,6 +54,7 @@ class Results:
     infinite: RunStats
     rows: dict[int, dict[str, RunStats]] = field(default_factory=dict)
     marconi_alpha: dict[int, float] = field(default_factory=dict)
+    throughput_flops: float = DEFAULT_THROUGHPUT  # of the TTFT model (sim/service.py)
 
 
 def tune_marconi_alpha(
@@ -84,9 +86,11 @@ def run_all(
     host_bytes: int = 0,
     host_bandwidth: float = 25e9,
     sglang_pools: float = 0.0,
+    throughput_flops: float = DEFAULT_THROUGHPUT,
 ) -> Results:
     """Infinite bound, then every policy and Belady at every budget; ``sglang_pools``: the
-    Mamba/KV ratio of SGLang's two pools for an extra ``sglang-2pool`` row (0: none)."""
+    Mamba/KV ratio of SGLang's two pools for an extra ``sglang-2pool`` row (0: none);
+    ``throughput_flops``: the prefill FLOP/s every row's TTFT is modelled with."""
     keyed = [KeyedRequest(r, cost.block_tokens) for r in requests]
     oracle = BeladyOracle()
     inf = replay(
@@ -96,8 +100,11 @@ def run_all(
         UNBOUNDED_BYTES,
         oracle=oracle,
         progress=progress("infinite"),
+        throughput_flops=throughput_flops,
     )
-    res = Results(workload, cost.shape.name, cost.block_tokens, inf)
+    res = Results(
+        workload, cost.shape.name, cost.block_tokens, inf, throughput_flops=throughput_flops
+    )
     window = max(50, len(keyed) // 10)
     for budget in budgets_bytes:
         row: dict[str, RunStats] = {}
@@ -115,6 +122,7 @@ def run_all(
                 progress=progress(name),
                 host_bytes=host_bytes,
                 host_bandwidth=host_bandwidth,
+                throughput_flops=throughput_flops,
             )
         if sglang_pools > 0 and "sglang" in policies:
             row[SGLANG_POOLS] = replay(
@@ -126,9 +134,15 @@ def run_all(
                 host_bytes=host_bytes,
                 host_bandwidth=host_bandwidth,
                 state_budget_bytes=pool_split_bytes(budget, sglang_pools)[1],
+                throughput_flops=throughput_flops,
             )
         row["belady"] = replay(
-            keyed, cost, BeladyPolicy(cost, oracle), budget, progress=progress("belady")
+            keyed,
+            cost,
+            BeladyPolicy(cost, oracle),
+            budget,
+            progress=progress("belady"),
+            throughput_flops=throughput_flops,
         )
         res.rows[budget] = row
     return res
