@@ -100,7 +100,8 @@ class RunStats:
     host_invalidated: int = 0
     host_peak_bytes: int = 0
     promote_seconds: float = 0.0
-    # time to first token of each request, seconds (sim/service.py), in serving order
+    # the TTFT model (sim/service.py): its prefill FLOP/s, and each request's TTFT in seconds,
+    # in serving order
     throughput_flops: float = DEFAULT_THROUGHPUT
     ttft_s: list[float] = field(default_factory=list, repr=False)
 
