@@ -41,9 +41,10 @@ def _requests() -> list[KeyedRequest]:
 @pytest.mark.parametrize("policy", ["flop", "vllm"])
 def test_replay_ttft_is_the_unsaved_prefill_queued_at_arrival(policy: str) -> None:
     x = 1e12
-    stats = replay(_requests(), COST, POLICIES[policy](COST), int(1e12), throughput_flops=x)
-    hits = []
-    replay(_requests(), COST, POLICIES[policy](COST), int(1e12), hits_out=hits)
+    hits: list[int] = []
+    stats = replay(
+        _requests(), COST, POLICIES[policy](COST), int(1e12), throughput_flops=x, hits_out=hits
+    )
     fa = COST.span_flops(0, 8 * B) / x
     fb = COST.span_flops(hits[1], 10 * B) / x
     fc = COST.span_flops(0, 4 * B) / x

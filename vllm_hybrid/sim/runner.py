@@ -54,7 +54,11 @@ class Results:
     infinite: RunStats
     rows: dict[int, dict[str, RunStats]] = field(default_factory=dict)
     marconi_alpha: dict[int, float] = field(default_factory=dict)
-    throughput_flops: float = DEFAULT_THROUGHPUT  # of the TTFT model (sim/service.py)
+
+    @property
+    def throughput_flops(self) -> float:
+        """The TTFT model's prefill FLOP/s (sim/service.py), the same for every row."""
+        return self.infinite.throughput_flops
 
 
 def tune_marconi_alpha(
@@ -102,9 +106,7 @@ def run_all(
         progress=progress("infinite"),
         throughput_flops=throughput_flops,
     )
-    res = Results(
-        workload, cost.shape.name, cost.block_tokens, inf, throughput_flops=throughput_flops
-    )
+    res = Results(workload, cost.shape.name, cost.block_tokens, inf)
     window = max(50, len(keyed) // 10)
     for budget in budgets_bytes:
         row: dict[str, RunStats] = {}
