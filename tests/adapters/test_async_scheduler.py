@@ -201,7 +201,7 @@ def test_async_sub_block_hits(model_dir: Path, kind: str, unit: int) -> None:
     """``prefix_match_unit`` below the block: hits end inside a block, the shared tail block is
     copied (``kv_cache_block_copies``, applied by the fake worker before the step) and the
     Mamba state at the exact hit position is read; with cache control and a reset."""
-    specs = make_workload(0, 40, block_tokens=BLOCK, mamba_groups=2, cache_options=True)
+    specs = make_workload(0, 60, block_tokens=BLOCK, mamba_groups=2, cache_options=True)
     loop = run(model_dir, specs, kind, prefix_match_unit=unit, resets=frozenset({30}))
     assert loop.sched.kv_cache_manager.block_pool.hash_block_size == unit
     assert loop.worker.copies > 0

@@ -81,7 +81,14 @@ def test_contract_SchedulerHooks() -> None:
     assert "= self._get_local_prefix_cache_hit(request)" in schedule
     assert "self._mamba_block_aligned_split(" in schedule
     assert "self._free_request(" in source(Scheduler.finish_requests)
-    hooks = ("before_prefix_lookup", "after_prefix_lookup", "ends_chunk_exactly")
+    # the wait hook: asked per waiting request before its lookup; False skips it this step
+    assert params(Scheduler._handle_blocked_waiting_request) == ["self", "request"]
+    assert returns(Scheduler._handle_blocked_waiting_request) is bool
+    assert "ready_to_schedule = self._handle_blocked_waiting_request(request)" in schedule
+    skip = schedule.index("if not ready_to_schedule:")
+    assert "skip_request(request_queue)" in schedule[skip : skip + 80]
+    assert skip < schedule.index("= self._get_local_prefix_cache_hit(request)")
+    hooks = ("before_prefix_lookup", "after_prefix_lookup", "ends_chunk_exactly", "holds_back")
     for name in (*hooks, "before_free_request", "after_free_request", "hooks_active"):
         assert not hasattr(Scheduler, name) and not hasattr(AsyncScheduler, name), name
 

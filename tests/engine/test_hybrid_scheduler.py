@@ -102,6 +102,9 @@ def test_preemption_and_aborts_keep_outputs(model_root, monkeypatch):
 
     monkeypatch.setenv("VLLM_HYBRID_POLICY", "flop")
     monkeypatch.setenv("VLLM_HYBRID_DEBUG", "1")
+    # Siblings waiting for the first one's prefix state share its KV and never fill this
+    # pool; the fuzzer (tests/engine/test_fuzz.py) covers preemption with them waiting.
+    monkeypatch.setenv("VLLM_HYBRID_SIBLING_WAIT", "0")
     with engine(model_dir, enable_prefix_caching=True, scheduler_cls=SCHED, **pool) as llm:
         sched = scheduler_of(llm)
         preemptions = []

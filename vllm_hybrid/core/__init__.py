@@ -75,6 +75,7 @@ from vllm_hybrid.core.shapes import (
     load_shape,
     shape_name_for_model_type,
 )
+from vllm_hybrid.core.siblings import Sibling, SiblingWaits, shared_hash_units, sibling_stop
 
 __all__ = [
     "DEFAULT_TTL_S",
@@ -143,6 +144,10 @@ __all__ = [
     "optional_snapshots_fit",
     "output_state_position",
     "prompt_floor_stop",
+    "shared_hash_units",
+    "sibling_stop",
+    "Sibling",
+    "SiblingWaits",
     "periodic_interval",
     "pool_split_bytes",
     "power_of_two",

@@ -78,6 +78,11 @@ METRICS: tuple[MetricSpec, ...] = (
     _c("pins_refused", "Pins refused (over the limit, TTL too long, nothing cached)."),
     _c("pins_expired", "Pins released at the end of their TTL."),
     _c("breakpoint_stops", "Prefill chunks ended at a request's cache breakpoint."),
+    _c(
+        "sibling_waits",
+        "Scheduler steps a waiting request waited for a running one to keep the state where "
+        "their prompts diverge (sibling_wait).",
+    ),
     # End-of-output states (adapters/vllm/output_states.py::OutputStates; docs/block_manager.md).
     _c("output_states_kept", "States kept at the end of an answer (block boundary or exact end)."),
     _c("output_states_dropped", "Kept answer-end states dropped when the answer went on."),

@@ -80,6 +80,19 @@ end``               PROMPT_END                                      ``true`` kee
                                                                     runs the chunk to the end:
                                                                     an exact repeat resumes at
                                                                     the block floor instead
+``sibling_wait``    VLLM_HYBRID_SIBLING_   ``true``                 a waiting request whose
+                    WAIT                                            prompt shares at least a
+                                                                    block more with a request
+                                                                    still computing its
+                                                                    prompt than the cache
+                                                                    holds waits (a step at a
+                                                                    time) until that request
+                                                                    has kept a state where
+                                                                    the two diverge, then
+                                                                    resumes there instead of
+                                                                    computing the same prefix
+                                                                    beside it
+                                                                    (``core.sibling_stop``)
 ==================  =====================  =======================  =========================
 """
 
@@ -107,6 +120,7 @@ ENV = {
     "match_unit": "VLLM_HYBRID_MATCH_UNIT",
     "system_breakpoint": "VLLM_HYBRID_SYSTEM_BREAKPOINT",
     "exact_prompt_end": "VLLM_HYBRID_EXACT_PROMPT_END",
+    "sibling_wait": "VLLM_HYBRID_SIBLING_WAIT",
 }
 SNAPSHOT_MODES = ("auto", "engine", "dense")
 MATCH_UNIT_MODES = ("auto", "block")
@@ -137,6 +151,7 @@ class HybridCacheConfig:
     match_unit: str | int = "auto"
     system_breakpoint: bool = True
     exact_prompt_end: bool = False
+    sibling_wait: bool = True
 
     @property
     def enabled(self) -> bool:
@@ -224,6 +239,7 @@ class HybridCacheConfig:
             exact_prompt_end=_flag(
                 "exact_prompt_end", raw.get("exact_prompt_end", cls.exact_prompt_end)
             ),
+            sibling_wait=_flag("sibling_wait", raw.get("sibling_wait", cls.sibling_wait)),
         )
 
 

@@ -115,6 +115,10 @@ class CacheControl:
         #: exact junction (``core.exact_junction_stop``) and at their prompt's last block
         #: boundary (``core.prompt_floor_stop``).
         self.exact_junction: Callable[[Any, int], int] | None = None
+        #: With ``sibling_wait`` on (the scheduler sets it): the stops where a request should
+        #: keep a state for waiting requests that share its prompt further than its hit
+        #: (``HybridScheduler._hy_sibling_stops``), given the request and its hit.
+        self.sibling_stops: Callable[[Any, int], list[int]] | None = None
         #: Ids of the requests whose ``shared_prefix_boundary`` is one of our sub-block stops,
         #: to be ended at exactly (``compat.SchedulerHooks``, on vLLM's chunk split, which asks
         #: for every running request at every step): the pending set itself, or empty for good
@@ -127,6 +131,7 @@ class CacheControl:
             filter(is_full_attention, scheduler.kv_cache_manager.coordinator.single_type_managers)
         )
         self.breakpoint_stops = 0  # breakpoints that moved a chunk end (metrics)
+        self.sibling_waits = 0  # scheduler steps a waiting request waited for a sibling
         managers = scheduler.kv_cache_manager.coordinator.single_type_managers
         self._state_groups = len(managers) - len(self._kv_managers)
         self._pool_pages = int(pool.num_gpu_blocks)
@@ -176,8 +181,9 @@ class CacheControl:
                 self.exact_junction(request, max(hit_tokens, junction)),
                 hit_position(junction, self.stop_tokens),
             )
+        siblings = self.sibling_stops(request, hit_tokens) if self.sibling_stops else []
         if state is None:
-            if not floor and not exact:
+            if not floor and not exact and not siblings:
                 return junction
             state = self.requests[request.request_id] = _Request(CacheOptions())
         state.vllm_junction = junction
@@ -195,9 +201,11 @@ class CacheControl:
                 stops.add(floor)  # the prompt's last block boundary (prompt_floor_stop)
             if exact:
                 stops.add(exact)  # where it diverges inside a block (exact_junction_stop)
+            stops.update(siblings)  # where a waiting sibling diverges (core.sibling_stop)
             stops = {p for p in stops if p > hit_tokens}
         else:
             stops = {p for p in state.applied if hit_position(p, unit) > hit_tokens}
+            stops.update(p for p in siblings if p > hit_tokens)
             if junction > hit_tokens:
                 stops.add(junction)
         state.stops = sorted(stops)
@@ -206,6 +214,25 @@ class CacheControl:
             if self.exact_stop_ids and not self._split_hooked:
                 self._hook_splits(True)  # this step's split of the request comes next
         return state.stops[0] if state.stops else junction
+
+    def add_stop(self, request: Any, stop: int) -> None:
+        """End a running request's prefill chunk at ``stop`` (tokens, a multiple of
+        :attr:`stop_tokens`) and keep its state there, as a breakpoint's: a waiting sibling
+        resumes from it (``HybridScheduler.holds_back``). A pending junction of vLLM's stays a
+        stop of its own."""
+        state = self.requests.get(request.request_id)
+        if state is None:
+            state = self.requests[request.request_id] = _Request(CacheOptions())
+            state.vllm_junction = request.shared_prefix_boundary
+        pending = request.shared_prefix_boundary
+        stops = set(state.stops) | {stop}
+        if pending > request.num_computed_tokens:
+            stops.add(pending)
+        state.stops = sorted(p for p in stops if p > request.num_computed_tokens)
+        request.shared_prefix_boundary = state.stops[0]
+        self._stopping.add(request.request_id)
+        if self.exact_stop_ids and not self._split_hooked:
+            self._hook_splits(True)
 
     def pins_prompt_end(self, request: Any) -> bool:
         """Whether ``request`` asks for a pin (``cache_pin_ttl_s``): what it pins is its
@@ -272,6 +299,14 @@ class CacheControl:
                 entry = _KVPartial(request, manager, blocks[index], stop, None)
                 self._kv_partials.append(entry)
         self._keep_kv_partials()
+
+    def before_lookup(self) -> None:
+        """Before a waiting request's prefix lookup: the running requests were allocated first
+        this step, and one that filled the block of a pending KV partial entry dropped it
+        (``BlockPool.cache_full_blocks``); registered again now, a sibling that resumes there
+        finds it in this step, not the next."""
+        if self._kv_partials:
+            self._keep_kv_partials()
 
     def _keep_kv_partials(self) -> None:
         """(Re-)register each pending KV partial entry whose block's hashes changed: vLLM drops
@@ -389,4 +424,5 @@ class CacheControl:
         return {
             **self.ledger.totals(time.monotonic()),
             "breakpoint_stops": self.breakpoint_stops,
+            "sibling_waits": self.sibling_waits,
         }

@@ -47,6 +47,7 @@ from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import RequestStatus
 
 from vllm_hybrid.adapters.vllm.block_pool import HybridBlockPool, install
 from vllm_hybrid.adapters.vllm.cache_control import RESULT_KEY, CacheControl
@@ -72,6 +73,8 @@ from vllm_hybrid.core import (
     HybridCacheConfig,
     PrefixIndex,
     RequestFeed,
+    Sibling,
+    SiblingWaits,
     periodic_interval,
 )
 
@@ -215,6 +218,18 @@ class _HybridMixin(SchedulerHooks):
             state.extra_totals = [x.totals for x in (control, self.hy_output) if x is not None]
             if control is not None:
                 control.exact_junction = self.hybrid_pool.hy_exact_junction
+        #: Waiting requests that wait for a running sibling's state (core/siblings.py): only
+        #: with the core in charge and ``sibling_wait`` on.
+        self.hy_siblings: SiblingWaits | None = None
+        if (
+            control is not None
+            and self.hybrid_pool is not None
+            and load_config(self.vllm_config).sibling_wait  # type: ignore[attr-defined]
+        ):
+            self.hy_siblings = SiblingWaits(
+                control.hash_tokens, control.stop_tokens, control.block_tokens
+            )
+            control.sibling_stops = self._hy_sibling_stops
         # With exact_prompt_end off, at a one-token match unit (auto's), a prompt whose last
         # chunk starts in its last block ends its prefill at the prompt's end, not one token
         # short of it (compat's extend_past_prompt_tail).
@@ -254,6 +269,8 @@ class _HybridMixin(SchedulerHooks):
         pool = self.hybrid_pool
         if pool is None:
             return
+        if self.hy_control is not None:
+            self.hy_control.before_lookup()
         state = pool.hybrid
         if request.request_id not in state.origin:
             state.origin[request.request_id] = state.mirror.tick()
@@ -262,9 +279,48 @@ class _HybridMixin(SchedulerHooks):
                 pool.hy_promote(request)
 
     def after_prefix_lookup(self, request: Any, hit_tokens: int, junction: int) -> int:
-        """The request's breakpoints become its ``shared_prefix_boundary``."""
+        """The request's breakpoints become its ``shared_prefix_boundary``. A request with
+        prompt left to compute becomes a producer its waiting siblings may wait for."""
         control = self.hy_control
+        if self.hy_siblings is not None and hit_tokens < request.num_prompt_tokens:
+            self.hy_siblings.producers[request.request_id] = request
         return junction if control is None else control.on_lookup(request, hit_tokens, junction)
+
+    def _hy_sibling_stops(self, request: Any, hit_tokens: int) -> list[int]:
+        """``CacheControl.sibling_stops``: where ``request``, about to be scheduled with its
+        hit, ends chunks for the waiting requests behind it (``SiblingWaits.stops``)."""
+        assert self.hy_siblings is not None
+        waiting = (_sibling(w) for w in self.waiting)  # type: ignore[attr-defined]
+        return self.hy_siblings.stops(_sibling(request, hit_tokens), waiting)
+
+    def holds_back(self, request: Any) -> bool:
+        """A new waiting request waits this step for a running request still computing the
+        prefix they share (``SiblingWaits.wait_for``), which ends a chunk and keeps its state
+        where the two diverge."""
+        siblings = self.hy_siblings
+        if (
+            siblings is None
+            or not siblings.producers
+            or request.status != RequestStatus.WAITING
+            or request.num_computed_tokens
+        ):
+            return False
+        running = []
+        for key, producer in list(siblings.producers.items()):
+            if producer.num_computed_tokens >= producer.num_prompt_tokens:
+                del siblings.producers[key]  # its prompt is computed: nothing left to wait for
+            elif producer.status == RequestStatus.RUNNING:
+                running.append((producer, _sibling(producer)))
+        found = siblings.wait_for(_sibling(request), running)
+        if found is None:
+            return False
+        producer, stop = found
+        control = self.hy_control
+        assert control is not None
+        if stop:
+            control.add_stop(producer, stop)
+        control.sibling_waits += 1
+        return True
 
     def ends_chunk_exactly(self, request: Any) -> bool:
         """A pending sub-block breakpoint stop (``cache_control.exact_stop_ids``)."""
@@ -289,6 +345,8 @@ class _HybridMixin(SchedulerHooks):
             self.hy_output.on_finished(request)  # before vLLM frees the blocks (and the origin)
         if self.hybrid_pool is not None:
             self.hybrid_pool.hybrid.origin.pop(request.request_id, None)
+        if self.hy_siblings is not None:
+            self.hy_siblings.forget(request.request_id)
 
     def after_free_request(self, request: Any, kv_params: Any) -> Any:
         if self.hy_control is not None:
@@ -371,6 +429,18 @@ class _HybridMixin(SchedulerHooks):
             if self.hy_control is not None:
                 self.hy_control.ledger.check_integrity()
             self.hybrid_checks += 1
+
+
+def _sibling(request: Any, done: int | None = None) -> Sibling:
+    """A vLLM ``Request`` as ``core.siblings`` sees it (``done``: its tokens computed, or the
+    hit it is about to be scheduled with)."""
+    return Sibling(
+        request.request_id,
+        request.block_hashes,
+        request.num_prompt_tokens,
+        request.num_computed_tokens if done is None else done,
+        request.shared_prefix_boundary,
+    )
 
 
 class HybridScheduler(_HybridMixin, Scheduler):

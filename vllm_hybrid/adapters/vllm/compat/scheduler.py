@@ -1,4 +1,4 @@
-"""The scheduler's internals in vLLM 0.32.0: three private methods turned into hooks, and the
+"""The scheduler's internals in vLLM 0.32.0: four private methods turned into hooks, and the
 scheduler-side switches the hybrid cache sets.
 
 Sources: ``vllm/v1/core/sched/scheduler.py`` (``Scheduler``), ``vllm/v1/core/
@@ -18,7 +18,7 @@ from vllm_hybrid.adapters.vllm.version import check_vllm_version
 
 class SchedulerHooks:
     """Mixin for a subclass of vLLM's ``Scheduler`` or ``AsyncScheduler``, put before vLLM's
-    class in the bases (so ``super()`` reaches vLLM's methods). It overrides three private
+    class in the bases (so ``super()`` reaches vLLM's methods). It overrides four private
     methods of ``Scheduler`` and calls a named hook in each; the defaults do nothing:
 
     * ``_get_local_prefix_cache_hit(request)`` (vLLM returns ``(blocks, hit_tokens,
@@ -36,7 +36,12 @@ class SchedulerHooks:
       :meth:`after_free_request` may replace the ``kv_transfer_params`` (which vLLM returns to
       the client in ``EngineCoreOutput``).
 
-    Version gate: on another vLLM release the three overrides are bound away on the instance
+    * ``_handle_blocked_waiting_request(request) -> bool`` (``Scheduler.schedule`` asks it
+      for every waiting request it reaches, before the prefix lookup; False: vLLM's
+      ``skip_request`` leaves the request waiting for this step): :meth:`holds_back` may say
+      a ready request waits.
+
+    Version gate: on another vLLM release the four overrides are bound away on the instance
     (vLLM's methods run, no hook is called) and :attr:`hooks_active` is False.
     """
 
@@ -54,6 +59,7 @@ class SchedulerHooks:
             self._get_local_prefix_cache_hit = vllm._get_local_prefix_cache_hit  # type: ignore[method-assign]
             self._mamba_block_aligned_split = vllm._mamba_block_aligned_split  # type: ignore[method-assign]
             self._free_request = vllm._free_request  # type: ignore[method-assign]
+            self._handle_blocked_waiting_request = vllm._handle_blocked_waiting_request  # type: ignore[method-assign]
 
     # ------------------------------------------------------------------ hooks
     def before_prefix_lookup(self, request: Any) -> None:
@@ -70,6 +76,10 @@ class SchedulerHooks:
     def drops_prompt_tail_stop(self, request: Any) -> bool:
         """Whether a prefill chunk that vLLM ends at ``request``'s prompt tail checkpoint
         (only there: see :func:`extend_past_prompt_tail`) runs on to the prompt's end."""
+        return False
+
+    def holds_back(self, request: Any) -> bool:
+        """Whether a waiting ``request`` that vLLM would schedule waits for this step."""
         return False
 
     def before_free_request(self, request: Any) -> None:
@@ -100,6 +110,10 @@ class SchedulerHooks:
             return int(split(request, num_new_tokens, *args, **kwargs))
         finally:
             self.mamba_shared_prefix_checkpoint = saved
+
+    def _handle_blocked_waiting_request(self, request: Any) -> bool:
+        ready = super()._handle_blocked_waiting_request(request)  # type: ignore[misc]
+        return bool(ready) and not self.holds_back(request)
 
     def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
         self.before_free_request(request)

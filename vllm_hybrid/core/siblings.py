@@ -1,0 +1,181 @@
+"""Waiting for a sibling: a request whose prompt shares a prefix with one still computing it.
+
+An attention-only model shares a prefix between two requests of the same step: vLLM caches a
+request's blocks when it schedules them, and each layer writes the step's KV before any token
+of the step reads it, so the second request's lookup finds the first one's blocks. A hybrid
+cannot: the second request needs the recurrent state at the end of the shared prefix, which
+exists only after the first request's chunk ending there has run. So two requests that arrive
+together with the same system prompt, document or few-shot prefix (a burst, ``n`` prompts of
+one batch, conversations started at once) both compute it, and the second one's lookup finds
+its KV without a state. SGLang's scheduler meets the same problem for attention models in its
+waiting queue ("in-batch prefix caching", ``schedule_policy.py``: of several waiting requests
+that share a prefix only one is admitted, the others wait a step); here the prefix is still
+being computed by a running request.
+
+The rule (:class:`SiblingWaits`): a waiting request (the consumer) that shares at least a
+block more of its prompt with a request still computing its prompt (the producer)
+than the producer has computed waits, a step at a time, while the producer ends a chunk at
+the point where the two prompts diverge (:func:`sibling_stop`) and keeps its state there; the
+consumer then resumes from that state. Nothing is computed twice and nothing is lost: the
+consumer's wait is the producer's prefill of the shared part, which it would otherwise have
+computed itself beside it, sharing the same step budget. A consumer waits at most
+:data:`MAX_SIBLING_WAITS` steps. To stop the producer at the junction in the very step it is
+scheduled (the case of requests that arrive together), the producer looks at the first
+:data:`SIBLING_LOOKAHEAD` waiting requests when it is scheduled (:meth:`SiblingWaits.stops`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+#: The most scheduler steps a waiting request waits for siblings (a bound, not a tuning knob:
+#: a producer reaches its stop within a few steps unless it is preempted).
+MAX_SIBLING_WAITS = 32
+#: Waiting requests a request looks at when it is scheduled, for siblings to stop for.
+SIBLING_LOOKAHEAD = 16
+#: Distinct sibling stops one request takes at its lookup (each ends one prefill chunk).
+MAX_SIBLING_STOPS = 2
+
+
+def shared_hash_units(a: Sequence[object], b: Sequence[object]) -> int:
+    """How many leading entries two requests' chained block hashes share (binary search).
+
+    A chained hash covers every token before it, so the lists agree on a prefix and differ
+    after it; the answer times the hash unit is the two prompts' common prefix in tokens,
+    floored to the unit (``cache_salt`` and LoRA are in the chain, so different tenants share
+    nothing)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[mid - 1] == b[mid - 1]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def sibling_stop(
+    shared_tokens: int,
+    producer_done: int,
+    producer_prompt: int,
+    consumer_prompt: int,
+    unit_tokens: int,
+    block_tokens: int,
+    min_gain_tokens: int,
+) -> int:
+    """Where a producer (``producer_done`` of its ``producer_prompt`` tokens computed) ends a
+    chunk and keeps a state for a consumer sharing its first ``shared_tokens`` tokens, or 0
+    when that saves the consumer under ``min_gain_tokens``.
+
+    The stop is floored to ``unit_tokens`` (where states can be kept) and lies at least two
+    tokens before either prompt's end, so neither request is left a one-token prefill chunk (a
+    one-token step runs through the engine's decode kernels; docs/reliability.md). Inside the
+    block that holds the producer's last prompt token it is floored to the block: vLLM keeps
+    one state page per block, and the producer's prompt-end state, which its decode then
+    advances, takes that block's page (measured: a 640-token producer's state at 600 was gone
+    when its sibling looked; ``vllm/v1/core/sched/scheduler.py::_mamba_block_aligned_split``,
+    "slot p holds the state after exactly (p + 1) * block_size tokens")."""
+    if unit_tokens <= 0 or block_tokens <= 0 or block_tokens % unit_tokens:
+        raise ValueError(
+            f"unit_tokens ({unit_tokens}) must be a positive divisor of block_tokens "
+            f"({block_tokens})"
+        )
+    stop = min(shared_tokens, producer_prompt - 2, consumer_prompt - 2)
+    stop = max(stop, 0) // unit_tokens * unit_tokens
+    if stop >= (producer_prompt - 1) // block_tokens * block_tokens:
+        stop = stop // block_tokens * block_tokens
+    return stop if stop - producer_done >= max(min_gain_tokens, 1) else 0
+
+
+@dataclass(frozen=True)
+class Sibling:
+    """A request as the rule sees it: its chained block hashes (one per ``hash_tokens``
+    tokens of its prompt and beyond), prompt length, tokens computed, and its next pending
+    stop (the engine's ``shared_prefix_boundary``; at or below ``done``: none)."""
+
+    key: Hashable
+    hashes: Sequence[object]
+    prompt: int
+    done: int = 0
+    pending: int = 0
+
+
+@dataclass
+class SiblingWaits:
+    """The producers (requests still computing their prompts) and the consumers' waits.
+
+    ``hash_tokens``: tokens per block hash; ``stop_tokens``: where states can be kept (the
+    engine's stop unit, a multiple of ``hash_tokens`` dividing ``block_tokens``, the engine's
+    block); a wait must save at least a block (the engine computes and keeps states by
+    blocks)."""
+
+    hash_tokens: int
+    stop_tokens: int
+    block_tokens: int
+    producers: dict[Hashable, Any] = field(default_factory=dict)
+    waits: dict[Hashable, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if (
+            self.hash_tokens <= 0
+            or self.stop_tokens <= 0
+            or self.stop_tokens % self.hash_tokens
+            or self.block_tokens % self.stop_tokens
+        ):
+            raise ValueError(
+                f"stop_tokens ({self.stop_tokens}) must be a positive multiple of hash_tokens "
+                f"({self.hash_tokens}) dividing block_tokens ({self.block_tokens})"
+            )
+
+    def _stop(self, producer: Sibling, consumer: Sibling) -> int:
+        shared = shared_hash_units(producer.hashes, consumer.hashes) * self.hash_tokens
+        return sibling_stop(
+            shared,
+            producer.done,
+            producer.prompt,
+            consumer.prompt,
+            self.stop_tokens,
+            self.block_tokens,
+            self.block_tokens,
+        )
+
+    def stops(self, producer: Sibling, waiting: Iterable[Sibling]) -> list[int]:
+        """The stops a request being scheduled (``done`` = its hit) takes for the waiting
+        requests behind it: the :data:`MAX_SIBLING_STOPS` deepest distinct ones among the
+        first :data:`SIBLING_LOOKAHEAD`, ascending."""
+        found: set[int] = set()
+        for i, consumer in enumerate(waiting):
+            if i >= SIBLING_LOOKAHEAD:
+                break
+            if consumer.key != producer.key:
+                stop = self._stop(producer, consumer)
+                if stop:
+                    found.add(stop)
+        return sorted(found)[-MAX_SIBLING_STOPS:]
+
+    def wait_for(
+        self, consumer: Sibling, producers: Iterable[tuple[Any, Sibling]]
+    ) -> tuple[Any, int] | None:
+        """The producer a waiting ``consumer`` waits for this step and the stop the caller
+        must add to it (0: one at or below the junction is pending already, ``done < pending
+        <= stop``), or None: the consumer runs now (no producer shares enough, or it waited
+        its :data:`MAX_SIBLING_WAITS` steps)."""
+        waited = self.waits.get(consumer.key, 0)
+        if waited >= MAX_SIBLING_WAITS:
+            return None
+        for handle, producer in producers:
+            if producer.key == consumer.key:
+                continue
+            stop = self._stop(producer, consumer)
+            if stop:
+                self.waits[consumer.key] = waited + 1
+                pending = producer.done < producer.pending <= stop
+                return handle, 0 if pending else stop
+        return None
+
+    def forget(self, key: Hashable) -> None:
+        """A request finished or left: neither a producer nor a consumer any more."""
+        self.producers.pop(key, None)
+        self.waits.pop(key, None)
