@@ -52,3 +52,27 @@ def test_siblings_of_one_batch_resume_from_the_first_ones_state(model_root):
     assert out == reference
     assert cached[:2] == [0, 0] and max(cached) < PREFIX, cached
     assert waits == 0
+
+
+@pytest.mark.engine
+def test_requests_that_extend_a_whole_prompt_resume_at_its_end(model_root):
+    """A 700-token prompt and two that extend all of it (next turns), submitted at once, in a
+    pool too small for optional stops (80 blocks: no floor stop at 640,
+    ``core.optional_snapshots_fit``): the two wait for the first one's prompt end, with no stop
+    in its last block, which would cost vLLM's checkpoint at ``P - 1`` (a stop at 640 gave
+    ``[0, 640, 640]``), and resume at ``P - 1``. Outputs equal caching off."""
+    model_dir = build_model("zamba2", model_root / "zamba2-small-s0", "small", 0, "float32")
+    rng = random.Random(1)
+    base = [rng.randrange(10, 1900) for _ in range(700)]
+    prompts = [base, base + [rng.randrange(10, 1900) for _ in range(50)], base + [11] * 80]
+    reference, _, _ = _run(model_dir, prompts, enable_prefix_caching=False)
+    out, cached, waits = _run(
+        model_dir,
+        prompts,
+        enable_prefix_caching=True,
+        num_gpu_blocks_override=80,
+        additional_config={"vllm_hybrid": {"debug": True}},
+    )
+    assert out == reference
+    assert cached == [0, len(base) - 1, len(base) - 1], cached
+    assert waits > 0

@@ -75,7 +75,13 @@ from vllm_hybrid.core.shapes import (
     load_shape,
     shape_name_for_model_type,
 )
-from vllm_hybrid.core.siblings import Sibling, SiblingWaits, shared_hash_units, sibling_stop
+from vllm_hybrid.core.siblings import (
+    Sibling,
+    SiblingWaits,
+    shared_hash_units,
+    sibling_stop,
+    sibling_stops,
+)
 
 __all__ = [
     "DEFAULT_TTL_S",
@@ -146,6 +152,7 @@ __all__ = [
     "prompt_floor_stop",
     "shared_hash_units",
     "sibling_stop",
+    "sibling_stops",
     "Sibling",
     "SiblingWaits",
     "periodic_interval",

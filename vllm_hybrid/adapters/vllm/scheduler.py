@@ -288,10 +288,13 @@ class _HybridMixin(SchedulerHooks):
 
     def _hy_sibling_stops(self, request: Any, hit_tokens: int) -> list[int]:
         """``CacheControl.sibling_stops``: where ``request``, about to be scheduled with its
-        hit, ends chunks for the waiting requests behind it (``SiblingWaits.stops``)."""
+        hit, ends chunks for the waiting requests that can start beside it: as many as the
+        running slots left after its own (``SiblingWaits.stops``; vLLM's waiting loop stops at
+        ``max_num_seqs`` running, ``Scheduler.schedule``)."""
         assert self.hy_siblings is not None
         waiting = (_sibling(w) for w in self.waiting)  # type: ignore[attr-defined]
-        return self.hy_siblings.stops(_sibling(request, hit_tokens), waiting)
+        slots = self.scheduler_config.max_num_seqs - len(self.running) - 1  # type: ignore[attr-defined]
+        return self.hy_siblings.stops(_sibling(request, hit_tokens), waiting, max(slots, 0))
 
     def holds_back(self, request: Any) -> bool:
         """A new waiting request waits this step for a running request still computing the
