@@ -206,3 +206,24 @@ def test_the_prediction_leaves_vllms_null_block_out() -> None:
     short = PoolLayout(6, B, 4096, 1, 3, "zamba2")
     assert predict_hit_rate(reqs, fits, "stock") == 48 / 100
     assert predict_hit_rate(reqs, short, "stock") == 0.0
+
+
+def test_sibling_stops_are_modelled_for_the_running_slots_left() -> None:
+    """Two prompts that arrive together and diverge at 40 tokens (inside block 2): an engine
+    with a free running slot ends the first one's chunk at 40 and keeps its state there
+    (``sibling_wait``, ``core.sibling_stops``), so the second resumes at 40; with no slot
+    beside the first (``max_num_seqs`` 1, or not given) it takes no stop and the second
+    finds no state below 40."""
+    shared = list(range(100, 140))
+    reqs = [_req(0, shared + [1] * 20), _req(1, shared + [2] * 20)]
+    waiting = [1, 0]
+    hits: dict[int | None, list[int]] = {}
+    for seqs in (None, 1, 2):
+        out: list[int] = []
+        predict_hit_rate(reqs, LAYOUT, "flop", 1, 0, waiting, out, match_unit=1, max_num_seqs=seqs)
+        hits[seqs] = out
+    assert hits[2] == [0, 40]
+    assert hits[None] == hits[1] and hits[1][1] < 40
+    stock: list[int] = []
+    predict_hit_rate(reqs, LAYOUT, "stock", 1, 0, waiting, stock, max_num_seqs=2)
+    assert stock[1] < 40  # vLLM's own cache: no sibling stops

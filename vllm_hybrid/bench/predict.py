@@ -192,6 +192,7 @@ def predict_hit_rate(
     waiting: Sequence[int] | None = None,
     hits_out: list[int] | None = None,
     match_unit: int | None = None,
+    max_num_seqs: int | None = None,
 ) -> float | None:
     """The simulator's token hit rate for row ``policy`` (None for rows it cannot model).
     ``in_flight=None``: one request at a time with the whole pool (the original prediction);
@@ -211,7 +212,11 @@ def predict_hit_rate(
     are taken (``EngineAdmission`` at that unit: vLLM's prompt checkpoint at ``P - 1`` where it
     is exported, the block boundary after a sub-block hit, the prompt-floor stop where the
     pool fits optional stops, the answer's exact end). Not modelled yet: exact-junction stops,
-    vLLM's KV-only prompt-tail entries, a partial block's KV as one page shared by its keys."""
+    vLLM's KV-only prompt-tail entries, a partial block's KV as one page shared by its keys.
+    ``max_num_seqs``: the engine's; its running slots left beyond the ``in_flight`` ones are
+    the waiting requests a request of a row other than ``stock`` ends chunks for where they
+    diverge (``sibling_wait``, the engine's default; ``sim/replay.py``; with ``waiting``
+    only; None: none left)."""
     name = SIM_POLICY.get(policy, policy)
     if name not in POLICIES:
         return None
@@ -228,6 +233,7 @@ def predict_hit_rate(
     budget = layout.cache_bytes()
     n = 1 if in_flight is None else sim_in_flight(layout, in_flight)
     run = 0 if in_flight is None else running_bytes(layout)
+    slots = 0 if max_num_seqs is None or policy == STOCK else max(max_num_seqs - n, 0)
 
     lookahead = None if policy == STOCK else waiting
 
@@ -257,6 +263,7 @@ def predict_hit_rate(
             # stock: vLLM's pool evicts, page by page from its free queue (sim/pool.py)
             vllm_queue=layout.state_groups if policy == STOCK else 0,
             hits_out=out,
+            sibling_slots=slots if ahead is not None else 0,
         )
         return stats.token_hit_rate
 

@@ -277,9 +277,11 @@ def add_predictions(
             n = sim_in_flight(layout, n)  # what the simulator runs with, as printed
             row.sim_in_flight = n
             waiting = engine_waiting([r.arrival_s for r in recs], [r.ttft_s for r in recs])
-            row.sim_hit_rate = predict_hit_rate(reqs, layout, name, n, warmup, waiting)
+            row.sim_hit_rate = predict_hit_rate(
+                reqs, layout, name, n, warmup, waiting, max_num_seqs=cap
+            )
             row.sim_hit_rate_1 = predict_hit_rate(
-                reqs, layout, name, warmup=warmup, waiting=waiting
+                reqs, layout, name, warmup=warmup, waiting=waiting, max_num_seqs=cap
             )
 
 

@@ -123,6 +123,7 @@ class EngineAdmission:
                 if kept:
                     out.append(kept)
             return sorted(set(out))
+        out += [p for p in ctx.stops if p > ctx.hit_tokens]  # block-aligned at this unit
         for end in range((prompt // b + 1) * b, ctx.cacheable_tokens + 1, b):
             kept = output_state_position(
                 self.policy, prompt, end, b, self.unit_tokens, hit_tokens=ctx.hit_tokens
@@ -140,7 +141,8 @@ def _unit_prompt_stops(ctx: AdmitContext, unit: int, optional: bool) -> list[int
     (``MambaManager._needs_internal_checkpoint``, ``is_mamba_prefill_checkpoint_valid``) only
     where the chunk's initial state lies in a block before the checkpoint's (the block before
     the prompt's last one); else no state is kept at the prompt's end. Junctions (the KV match
-    past the hit) end a chunk too (``align_mode_positions``)."""
+    past the hit) and the scheduler's stops (``ctx.stops``, each like a sub-block hit) end a
+    chunk too (``align_mode_positions``)."""
     b, prompt, hit = ctx.block_tokens, ctx.prompt_tokens, ctx.hit_tokens
     out = []
     start = hit
@@ -149,6 +151,13 @@ def _unit_prompt_stops(ctx: AdmitContext, unit: int, optional: bool) -> list[int
         out.append(start)
     if ctx.kv_tokens > hit:
         start = max(start, ctx.kv_tokens)
+    for stop in ctx.stops:  # a sibling's stop keeps its state; a chunk to the block ends next
+        if stop > hit:
+            out.append(stop)
+            up = -(-stop // b) * b
+            start = max(start, stop if up >= prompt else up)
+            if stop % b and up < prompt:
+                out.append(up)
     floor = prompt_floor_stop(prompt, hit, b, unit) if optional else 0
     if floor:
         out.append(floor)

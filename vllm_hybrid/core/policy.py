@@ -47,7 +47,9 @@ class AdmitContext:
     KV prefix before this request (block aligned), ``hit_tokens`` the snapshot it resumed from,
     ``kv_tip_branches`` whether cached paths continue past ``kv_tokens`` (a branch point).
     ``key_at(p)`` is the key of the request's node ending at ``p``; ``probe(block_index,
-    n_tokens)``, where given, the key of a partial block (to check exact ends).
+    n_tokens)``, where given, the key of a partial block (to check exact ends). ``stops``: chunk
+    ends the engine's scheduler adds past the hit, each keeping a state (where a waiting
+    sibling diverges, ``core/siblings.py``).
     """
 
     request_index: int
@@ -60,6 +62,7 @@ class AdmitContext:
     exact_end: bool
     key_at: Callable[[int], Hashable]
     probe: Callable[[int, int], Hashable] | None = None
+    stops: tuple[int, ...] = ()
 
     @property
     def last_boundary_tokens(self) -> int:

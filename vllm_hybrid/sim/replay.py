@@ -47,6 +47,13 @@ served (all of them when every request arrives at once); each such request's pro
 the last block a hit may end on, is passed to the same index hook, refreshed before each
 request.
 
+Sibling stops (``sibling_slots`` > 0, with ``waiting``; 0 by default): an engine with
+``sibling_wait`` on ends a request's prefill chunk where one of the waiting requests that can
+start beside it (as many as its free running slots, ``sibling_slots``) diverges from it, and
+keeps its state there (``core/siblings.py``, the same :func:`~vllm_hybrid.core.sibling_stops`);
+the loop gives those stops to the admission (``AdmitContext.stops``). Not modelled: a waiting
+request that waits for a running one (requests in flight are admitted in arrival order here).
+
 ``hold_snapshots=False`` (off by default): what a request holds protects its KV only, not the
 state snapshots on its path, as in vLLM's align mode, where a running request keeps its KV
 blocks referenced until it finishes but frees a state block (the one it hit, a junction or
@@ -64,7 +71,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 
-from vllm_hybrid.core import AdmitContext, BeladyOracle, CostModel, Match, Node
+from vllm_hybrid.core import AdmitContext, BeladyOracle, CostModel, Match, Node, sibling_stops
 from vllm_hybrid.sim.pool import LockHandle, SimPool
 from vllm_hybrid.sim.service import DEFAULT_THROUGHPUT, PrefillQueue, quantile
 from vllm_hybrid.sim.trace import KeyedRequest
@@ -302,6 +309,8 @@ class _Run:
     oracle: BeladyOracle | None
     window: _Window | None
     hits_out: list[int] | None = None
+    #: the sibling stops of request ``t`` given its hit (``sibling_slots``, module docstring)
+    siblings: Callable[[int, int], tuple[int, ...]] | None = None
 
 
 def _serve(run: _Run, kr: KeyedRequest, t: int) -> None:
@@ -337,6 +346,7 @@ def _serve(run: _Run, kr: KeyedRequest, t: int) -> None:
         req.exact_end,
         kr.key_at,
         kr.probe,
+        () if run.siblings is None else run.siblings(t, m.hit_tokens),
     )
     positions = run.admission.snapshot_positions(ctx)  # type: ignore[attr-defined]
     kv_end = getattr(run.admission, "kv_end_tokens", None)
@@ -372,6 +382,33 @@ def _count(run: _Run, prompt_tokens: int, m: Match) -> float:
     return saved
 
 
+def _sibling_stops(
+    requests: Sequence[KeyedRequest],
+    waiting: Sequence[int],
+    first_index: int,
+    admission: object,
+    slots: int,
+) -> Callable[[int, int], tuple[int, ...]]:
+    """Request ``t``'s sibling stops given its hit: :func:`~vllm_hybrid.core.sibling_stops`
+    over the first ``slots`` requests waiting behind it, at the admission's unit
+    (``unit_tokens``, else the block), as the engine's ``CacheControl.on_lookup`` takes them."""
+
+    def stops(t: int, hit_tokens: int) -> tuple[int, ...]:
+        i = t - first_index
+        kr = requests[i]
+        block = kr.block_tokens
+        unit = getattr(admission, "unit_tokens", block)
+        behind = range(i + 1, min(i + 1 + min(waiting[i], slots), len(requests)))
+        consumers = (
+            (kr.req.shared_prompt_tokens(requests[j].req), requests[j].req.prompt_tokens)
+            for j in behind
+        )
+        found = sibling_stops(hit_tokens, kr.req.prompt_tokens, consumers, unit, block, slots)
+        return tuple(found)
+
+    return stops
+
+
 def _waiting_paths(
     requests: Sequence[KeyedRequest], i: int, n: int
 ) -> Iterator[Sequence[Hashable]]:
@@ -405,6 +442,7 @@ def replay(
     vllm_queue: int = 0,
     hits_out: list[int] | None = None,
     throughput_flops: float = DEFAULT_THROUGHPUT,
+    sibling_slots: int = 0,
 ) -> RunStats:
     """Replay ``requests``; ``oracle`` (if given) records future uses for a Belady run;
     ``check_every`` > 0 runs ``check_integrity()`` every that many requests (slow);
@@ -422,7 +460,9 @@ def replay(
     ``vllm_queue``: N > 0 evicts as vLLM's own pool does, page by page from its free queue, a
     snapshot N pages, a recomputed block's old page kept (``sim/pool.py``; the ``stock`` row);
     ``hits_out``: each request's hit tokens are appended to it, in order;
-    ``throughput_flops``: the prefill FLOP/s of the TTFT model (module docstring)."""
+    ``throughput_flops``: the prefill FLOP/s of the TTFT model (module docstring);
+    ``sibling_slots``: the engine's stops for that many waiting siblings (module docstring;
+    needs ``waiting``)."""
     if in_flight < 1:
         raise ValueError(f"in_flight must be >= 1, got {in_flight}")
     if not 1 <= visible_after <= in_flight:
@@ -457,6 +497,12 @@ def replay(
     run = _Run(pool, policy, admission or policy, cost, stats, oracle, window, hits_out)
     if waiting is not None and len(waiting) != len(requests):
         raise ValueError(f"waiting has {len(waiting)} counts for {len(requests)} requests")
+    if sibling_slots and waiting is None:
+        raise ValueError("sibling_slots needs waiting (the requests behind each one)")
+    if sibling_slots > 0:
+        run.siblings = _sibling_stops(
+            requests, waiting, first_index, admission or policy, sibling_slots
+        )
     cursor = [0]
     if waiting:
         pool.set_lookahead(lambda: _waiting_paths(requests, cursor[0], waiting[cursor[0]]))

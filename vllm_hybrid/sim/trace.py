@@ -41,6 +41,18 @@ class SimRequest:
     def cacheable_tokens(self) -> int:
         return sum(n for _, n in self.segments)
 
+    def shared_prompt_tokens(self, other: SimRequest) -> int:
+        """How many leading prompt tokens this request shares with ``other``: their segments
+        agree up to there (two segments of one content share their first tokens)."""
+        n = 0
+        for (ca, na), (cb, nb) in zip(self.segments, other.segments):  # noqa: B905
+            if ca != cb:
+                break
+            n += min(na, nb)
+            if na != nb:
+                break
+        return min(n, self.prompt_tokens, other.prompt_tokens)
+
 
 class KeyedRequest:
     """A request with its block keys computed for one block size (shared by all runs)."""

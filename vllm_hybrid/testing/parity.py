@@ -72,10 +72,9 @@ class ParityHarness:
             max_num_seqs=1,
             max_batched_tokens=shape.batched_tokens,
             async_scheduling=False,
-            # The simulator does not model sibling stops (a request ending a chunk where a
-            # request waiting behind it diverges, core/siblings.py), which this harness's
-            # queue of every later request would trigger at each step.
-            hybrid={"policy": policy, "sibling_wait": False},
+            # the engine's defaults: with one running slot sibling_wait takes no stops (no
+            # waiting request can start beside the running one, core.sibling_stops)
+            hybrid={"policy": policy},
             max_model_len=shape.max_len,
         )
         if kv_config is None:
