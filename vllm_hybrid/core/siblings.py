@@ -79,13 +79,14 @@ def sibling_stop(
     when its sibling looked; ``vllm/v1/core/sched/scheduler.py::_mamba_block_aligned_split``,
     "slot p holds the state after exactly (p + 1) * block_size tokens").
 
-    None (0) for a consumer that extends the producer's whole prompt (``shared_tokens >=
+    0 for a consumer that extends the producer's whole prompt (``shared_tokens >=
     producer_prompt - 1``: a next turn, an exact repeat, a sibling of ``n`` samples): the
     producer's prompt-end state (vLLM's checkpoint at ``P - 1``) serves it further, and a stop
     in the producer's last block would cost that checkpoint (the prompt's last chunk exports
-    it only when it starts before the block before the last; gen:chat r6/r7 in
-    ``tests/bench/test_parity.py``: 768 instead of 829). :meth:`SiblingWaits.wait_for` has
-    such a consumer wait for the producer's prompt end instead."""
+    it only when it starts before the block before the last; measured: 768 instead of 829 on
+    gen:chat's r7, docs/results/2026-12-07-siblings-clients.md, and ``[0, 640, 640]`` instead
+    of ``[0, 699, 699]`` in ``tests/engine/test_siblings.py``). :meth:`SiblingWaits.wait_for`
+    has such a consumer wait for the producer's prompt end instead."""
     if unit_tokens <= 0 or block_tokens <= 0 or block_tokens % unit_tokens:
         raise ValueError(
             f"unit_tokens ({unit_tokens}) must be a positive divisor of block_tokens "
