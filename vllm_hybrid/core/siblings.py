@@ -92,13 +92,19 @@ def sibling_stop(
             f"unit_tokens ({unit_tokens}) must be a positive divisor of block_tokens "
             f"({block_tokens})"
         )
-    if shared_tokens >= producer_prompt - 1:
+    if extends_prompt(shared_tokens, producer_prompt):
         return 0
     stop = min(shared_tokens, producer_prompt - 2, consumer_prompt - 2)
     stop = max(stop, 0) // unit_tokens * unit_tokens
     if stop >= (producer_prompt - 1) // block_tokens * block_tokens:
         stop = stop // block_tokens * block_tokens
     return stop if stop - producer_done >= block_tokens else 0
+
+
+def extends_prompt(shared_tokens: int, producer_prompt: int) -> bool:
+    """Whether a consumer sharing ``shared_tokens`` extends all of a producer's prompt but its
+    last token (a next turn, a repeat): the producer's prompt-end state serves it."""
+    return shared_tokens >= producer_prompt - 1
 
 
 def sibling_stops(
@@ -205,7 +211,7 @@ class SiblingWaits:
             if producer.key == consumer.key:
                 continue
             shared = self._shared(producer, consumer)
-            if shared >= producer.prompt - 1:  # its prompt-end state serves the consumer
+            if extends_prompt(shared, producer.prompt):  # its prompt-end state serves it
                 if producer.prompt - 1 - producer.done >= self.block_tokens:
                     self.waits[consumer.key] = waited + 1
                     return handle, 0

@@ -398,7 +398,7 @@ def _sibling_stops(
         kr = requests[i]
         block = kr.block_tokens
         unit = getattr(admission, "unit_tokens", block)
-        behind = range(i + 1, min(i + 1 + min(waiting[i], slots), len(requests)))
+        behind = range(i + 1, min(i + 1 + waiting[i], len(requests)))  # sibling_stops caps
         consumers = (
             (kr.req.shared_prompt_tokens(requests[j].req), requests[j].req.prompt_tokens)
             for j in behind
