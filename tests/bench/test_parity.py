@@ -79,21 +79,24 @@ def test_stock_prediction_is_vllms_request_by_request(
 
 @pytest.mark.parametrize(
     ("trace", "n", "blocks", "agree"),
-    [("gen:agent", 80, 64, 14), ("gen:chat", 150, 96, 41)],
+    [("gen:agent", 80, 64, 14), ("gen:chat", 150, 96, 25)],
 )
 def test_ours_sub_block_states_match_the_engine_so_far(
     model_dir: Path, trace: str, n: int, blocks: int, agree: int
 ) -> None:
     """``ours`` at its default match unit of one token, with ``predict_hit_rate(...,
     match_unit=1)`` (opt-in): vLLM's prompt checkpoint at ``P - 1`` where the chunk exports it,
-    the block boundary after a sub-block hit, the prompt-floor stop where the pool fits it, the
-    answer's exact end. The engine's hits on gen:agent's first 14 requests and gen:chat's first
-    41 (the first to differ are r14 and r41: exact-junction stops and vLLM's KV-only prompt
-    tails are not modelled yet, and the engine's lookahead holds sub-block keys of the
-    waiting requests, which the simulator's does not); the block-unit prediction differs at
-    r2 (agent) and r7 (chat). The rows of the parity measurements (80 and 150 requests: every
-    later request waiting, the lookahead of the whole row), compared on their first
-    ``agree``."""
+    the block boundary after a sub-block hit, the prompt-floor stop and the prompt's own end
+    where the pool fits them, the answer's exact end. The engine's hits on gen:agent's first 14
+    requests and gen:chat's first 25 (the first to differ are r14 and r25: exact-junction stops
+    and vLLM's KV-only prompt tails are not modelled yet, nor one partial KV block holding
+    several keys: the engine keeps a prompt's end ``P`` and its answer's end on one attention
+    block, the simulator on two pages, so it evicts sooner; before the prompt-end states chat
+    agreed to r41, and without them in the simulator it differs at r6, the first hit on one;
+    and the engine's lookahead holds sub-block keys of the waiting requests, which the
+    simulator's does not); the block-unit prediction differs at r2 (agent) and r7 (chat).
+    The rows of the parity measurements (80 and 150 requests: every later request waiting,
+    the lookahead of the whole row), compared on their first ``agree``."""
     reqs, _, engine, sim, _ = _engine_and_prediction(model_dir, trace, n, blocks, "flop", 1)
     block = EngineShape(blocks=blocks).block_tokens
     assert any(h % block for h in engine[:agree]), "sub-block hits must occur"

@@ -135,6 +135,14 @@ def test_engine_admission_is_align_mode_plus_the_answer_ends_the_policy_keeps() 
     assert vllm.snapshot_positions(ctx(30, 35)) == [16]  # vLLM keeps no answer state
     assert sorted(flop.snapshot_positions(ctx(30, 31, hit=16, kv=16))) == [16]  # no boundary
     assert sorted(vllm.snapshot_positions(ctx(40, 40, hit=16, kv=32))) == [32, 32]  # junction
+    # one-token unit, a pool roomy enough for the optional stops: the prompt floor (16) and
+    # the prompt's own end (30, core.prompt_end_stop) besides the answer's exact end (34)
+    exact = EngineAdmission(POLICIES["flop"](cost), 1, lambda prompt: True)
+    exact_ctx = AdmitContext(0, 30, 35, 0, 0, False, B, True, lambda p: p)
+    assert exact.snapshot_positions(exact_ctx) == [16, 30, 35]
+    # without them one chunk computes the prompt, which exports vLLM's checkpoint at P - 1
+    tight = EngineAdmission(POLICIES["flop"](cost), 1, lambda prompt: False)
+    assert tight.snapshot_positions(exact_ctx) == [29, 35]
 
 
 def test_warm_up_requests_teach_the_policy_as_in_the_engine(monkeypatch) -> None:

@@ -119,3 +119,17 @@ def test_the_prompt_floor_stop_keeps_what_vllm_keeps_at_the_block() -> None:
     assert prompt_floor_stop(2040, 1792, 128, 1) == 1920  # a block computed before it
     assert prompt_floor_stop(2040, 1793, 128, 1) == 0  # under a block: not worth a chunk
     assert prompt_floor_stop(100, 0, 128, 1) == 0  # no boundary inside the prompt
+
+
+def test_the_prompt_end_stop_is_the_prompt_itself_at_a_one_token_unit() -> None:
+    from vllm_hybrid.core import prompt_end_stop
+
+    # B = 128: a next turn that shares the 2,040-token prompt but not the answer as generated
+    # resumes at 2,040 (the block floor 1,920 without it)
+    assert prompt_end_stop(2040, 0, 128, 1) == 2040
+    assert prompt_end_stop(2040, 1920, 128, 1) == 2040  # the last chunk from the floor hit
+    assert prompt_end_stop(2040, 2040, 128, 1) == 0  # nothing computed past the hit
+    assert prompt_end_stop(2048, 0, 128, 1) == 0  # a block boundary: kept as one
+    assert prompt_end_stop(2049, 0, 128, 1) == 0  # one past it: vLLM's checkpoint at 2,048
+    assert prompt_end_stop(2040, 0, 128, 16) == 0  # U > 1: vLLM's own tail checkpoint
+    assert prompt_end_stop(2040, 0, 128, 128) == 0  # U = the block

@@ -324,7 +324,10 @@ def test_next_turn_resumes_at_exactly_the_end_of_the_answer(client):
     answer (prompt + output - 1, the last computed position) is kept exactly
     (``output_states.OutputStates``), here inside the block that also holds a breakpoint stop
     and the prompt's tail. The next turn (prompt + answer + new tokens) hits there, the
-    breakpoint still hits, and the replies equal the same requests from scratch."""
+    breakpoint still hits, and a next turn that shares the prompt and only part of the answer
+    (a chat template that re-renders it differently) resumes at the prompt's own end (300,
+    ``core.prompt_end_stop``; the block floor 256 without it). The replies equal the same
+    requests from scratch."""
     import random
 
     rng = random.Random(23)
@@ -340,7 +343,12 @@ def test_next_turn_resumes_at_exactly_the_end_of_the_answer(client):
     )
     answer = [int(t.split(":")[1]) for t in reply.choices[0].logprobs.tokens]
     assert len(answer) == 8
-    for turn, hit in ((prompt + answer + draw(20), 300 + 8 - 1), (prompt[:280] + draw(20), 280)):
+    turns = (
+        (prompt + answer + draw(20), 300 + 8 - 1),
+        (prompt[:280] + draw(20), 280),
+        (prompt + answer[:3] + draw(20), 300),
+    )
+    for turn, hit in turns:
         got = client.completions.create(model=MODEL, prompt=turn, max_tokens=4, temperature=0.0)
         fresh = client.completions.create(
             model=MODEL,

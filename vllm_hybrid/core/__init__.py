@@ -58,6 +58,7 @@ from vllm_hybrid.core.policy import (
     exact_junction_stop,
     optional_snapshots_fit,
     output_state_position,
+    prompt_end_stop,
     prompt_floor_stop,
 )
 from vllm_hybrid.core.router import (
@@ -149,6 +150,7 @@ __all__ = [
     "exact_junction_stop",
     "optional_snapshots_fit",
     "output_state_position",
+    "prompt_end_stop",
     "prompt_floor_stop",
     "shared_hash_units",
     "sibling_stop",

@@ -36,7 +36,12 @@ from vllm_hybrid.core.cost import CostModel
 from vllm_hybrid.core.flop import FlopPolicy
 from vllm_hybrid.core.learned import LearnedPolicy
 from vllm_hybrid.core.node import Node
-from vllm_hybrid.core.policy import AdmitContext, output_state_position, prompt_floor_stop
+from vllm_hybrid.core.policy import (
+    AdmitContext,
+    output_state_position,
+    prompt_end_stop,
+    prompt_floor_stop,
+)
 from vllm_hybrid.core.policy_base import PolicyBase, all_positions, leaf_segment
 from vllm_hybrid.core.sglang import (
     CHUNKED_PREFILL_TOKENS,
@@ -140,7 +145,9 @@ def _unit_prompt_stops(ctx: AdmitContext, unit: int, optional: bool) -> list[int
     exports the state at ``P - 1`` floored to the unit as a checkpoint
     (``MambaManager._needs_internal_checkpoint``, ``is_mamba_prefill_checkpoint_valid``) only
     where the chunk's initial state lies in a block before the checkpoint's (the block before
-    the prompt's last one); else no state is kept at the prompt's end. Junctions (the KV match
+    the prompt's last one). With the optional stops (the pool is roomy enough), the engine also
+    keeps the prompt's last block boundary (``prompt_floor_stop``) and, at a one-token unit,
+    the state at the prompt's own end ``P`` (``prompt_end_stop``). Junctions (the KV match
     past the hit) and the scheduler's stops (``ctx.stops``, each like a sub-block hit) end a
     chunk too (``align_mode_positions``)."""
     b, prompt, hit = ctx.block_tokens, ctx.prompt_tokens, ctx.hit_tokens
@@ -162,6 +169,9 @@ def _unit_prompt_stops(ctx: AdmitContext, unit: int, optional: bool) -> list[int
     if floor:
         out.append(floor)
         start = max(start, floor)
+    end = prompt_end_stop(prompt, hit, b, unit) if optional else 0
+    if end:
+        out.append(end)  # the last chunk ends there anyway; the state is kept (a CoW copy)
     exact = (prompt - 1) // unit * unit
     checkpoint_col = -(-prompt // b) - 2
     if checkpoint_col > (start - 1) // b and start + unit <= exact and start < exact < prompt:

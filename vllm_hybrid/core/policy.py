@@ -151,6 +151,28 @@ def prompt_floor_stop(
     return floor if floor - hit_tokens >= block_tokens and floor < exact else 0
 
 
+def prompt_end_stop(
+    prompt_tokens: int, hit_tokens: int, block_tokens: int, unit_tokens: int
+) -> int:
+    """The prompt's own end ``P``, where an engine with a one-token match unit keeps a state
+    (one chunk ending there, as every prompt's last chunk does), or 0.
+
+    A next turn of a conversation resumes from the end of the answer when its prompt repeats
+    the generated tokens; where it does not (the chat template re-renders the answer
+    differently, drops a reasoning block from history, or the client edits the message), it
+    shares the previous prompt up to ``P`` and no further. Without a state at ``P`` it falls
+    back to the block boundary below (``prompt_floor_stop``): up to a block less. An exact
+    repeat of the prompt cannot use it (a hit leaves the last token to compute: ``P - 1``).
+    0 where the unit is above one token (the engine then ends the last chunk at ``P - 1``
+    itself, vLLM's prompt checkpoint, which serves a next turn as well), where ``P`` is a
+    block boundary (kept as one) or one past it (the boundary's state, one token short, is
+    vLLM's prompt checkpoint there: its chunk exports it, and the engine keys nothing else in
+    that chunk), and where the hit reaches ``P``."""
+    if unit_tokens != 1 or unit_tokens >= block_tokens or prompt_tokens % block_tokens < 2:
+        return 0
+    return prompt_tokens if prompt_tokens > hit_tokens else 0
+
+
 #: The fewest tokens an exact (sub-block) junction must lie past a request's hit to be worth a
 #: chunk ending there (``exact_junction_stop``): a next turn whose answer re-renders a few
 #: tokens alike would otherwise pay a step for a state no sibling needs.

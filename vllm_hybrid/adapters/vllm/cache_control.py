@@ -55,6 +55,7 @@ from vllm_hybrid.core import (
     exact_junction_stop,
     hit_position,
     optional_snapshots_fit,
+    prompt_end_stop,
     prompt_floor_stop,
 )
 
@@ -115,6 +116,11 @@ class CacheControl:
         #: exact junction (``core.exact_junction_stop``) and at their prompt's last block
         #: boundary (``core.prompt_floor_stop``).
         self.exact_junction: Callable[[Any, int], int] | None = None
+        #: Set by the scheduler where a prompt's last chunk runs to the prompt's end instead of
+        #: vLLM's tail checkpoint (``HybridScheduler.drops_prompt_tail_stop``): requests then
+        #: keep a state at their prompt's end too (``core.prompt_end_stop``), for a next turn
+        #: that shares the prompt but not the answer as generated.
+        self.prompt_end_states = False
         #: With ``sibling_wait`` on (the scheduler sets it): the stops where a request should
         #: keep a state for waiting requests that share its prompt further than its hit
         #: (``HybridScheduler._hy_sibling_stops``), given the request and its hit.
@@ -161,7 +167,7 @@ class CacheControl:
         """The ``shared_prefix_boundary`` the request runs with (vLLM's ``junction`` unless it
         has breakpoints past the hit)."""
         state = self._state(request)
-        floor = exact = 0
+        floor = exact = end = 0
         if (
             self.exact_junction is not None
             and self.stop_tokens < self.block_tokens
@@ -181,9 +187,13 @@ class CacheControl:
                 self.exact_junction(request, max(hit_tokens, junction)),
                 hit_position(junction, self.stop_tokens),
             )
+            if self.prompt_end_states and not self.pins_prompt_end(request):
+                end = prompt_end_stop(
+                    request.num_prompt_tokens, hit_tokens, self.block_tokens, self.stop_tokens
+                )
         siblings = self.sibling_stops(request, hit_tokens) if self.sibling_stops else []
         if state is None:
-            if not floor and not exact and not siblings:
+            if not floor and not exact and not end and not siblings:
                 return junction
             state = self.requests[request.request_id] = _Request(CacheOptions())
         state.vllm_junction = junction
@@ -201,6 +211,8 @@ class CacheControl:
                 stops.add(floor)  # the prompt's last block boundary (prompt_floor_stop)
             if exact:
                 stops.add(exact)  # where it diverges inside a block (exact_junction_stop)
+            if end:
+                stops.add(end)  # the prompt's own end (prompt_end_stop)
             stops.update(siblings)  # where a waiting sibling diverges (core.sibling_stop)
             stops = {p for p in stops if p > hit_tokens}
         else:

@@ -243,6 +243,8 @@ class _HybridMixin(SchedulerHooks):
         # sub-block stop is pending (vLLM calls it for every running request at every step;
         # ~1.5% of a 256-request step in bench_scheduler.py); the cache control puts the hook
         # back while one is (CacheControl._hook_splits).
+        if control is not None:
+            control.prompt_end_states = self.split_hook_always
         skip_split_hook(self)
         self.hybrid_checks = 0
 

@@ -29,8 +29,10 @@ class SchedulerHooks:
       length in align mode): where :meth:`ends_chunk_exactly` says so, vLLM's own branch for
       shared-prefix checkpoints (``Scheduler.mamba_shared_prefix_checkpoint``, EAGLE-only in
       vLLM) is on for that call only, so the chunk ends exactly at
-      ``request.shared_prefix_boundary`` rather than block-floored. :func:`skip_split_hook`
-      binds vLLM's method on the instance where that can never be wanted.
+      ``request.shared_prefix_boundary`` rather than block-floored; either way, where
+      :meth:`drops_prompt_tail_stop` says so, a chunk vLLM ends at the prompt's tail checkpoint
+      runs on to the prompt's end (:func:`extend_past_prompt_tail`). :func:`skip_split_hook`
+      binds vLLM's method on the instance where neither can be wanted.
     * ``_free_request(request, delay_free_blocks=False) -> (kv_transfer_params,
       ec_transfer_params)``: :meth:`before_free_request` before vLLM frees the blocks,
       :meth:`after_free_request` may replace the ``kv_transfer_params`` (which vLLM returns to
@@ -101,15 +103,16 @@ class SchedulerHooks:
         split = super()._mamba_block_aligned_split  # type: ignore[misc]
         if not self.ends_chunk_exactly(request):
             n = int(split(request, num_new_tokens, *args, **kwargs))
-            if n < num_new_tokens and self.drops_prompt_tail_stop(request):
-                return extend_past_prompt_tail(self, request, num_new_tokens, n, *args)
-            return n
-        saved = self.mamba_shared_prefix_checkpoint
-        self.mamba_shared_prefix_checkpoint = True
-        try:
-            return int(split(request, num_new_tokens, *args, **kwargs))
-        finally:
-            self.mamba_shared_prefix_checkpoint = saved
+        else:
+            saved = self.mamba_shared_prefix_checkpoint
+            self.mamba_shared_prefix_checkpoint = True
+            try:
+                n = int(split(request, num_new_tokens, *args, **kwargs))
+            finally:
+                self.mamba_shared_prefix_checkpoint = saved
+        if n < num_new_tokens and self.drops_prompt_tail_stop(request):
+            return extend_past_prompt_tail(self, request, num_new_tokens, n, *args)
+        return n
 
     def _handle_blocked_waiting_request(self, request: Any) -> bool:
         ready = super()._handle_blocked_waiting_request(request)  # type: ignore[misc]
