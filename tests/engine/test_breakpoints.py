@@ -326,8 +326,8 @@ def test_next_turn_resumes_at_exactly_the_end_of_the_answer(client):
     and the prompt's tail. The next turn (prompt + answer + new tokens) hits there, the
     breakpoint still hits, and a next turn that shares the prompt and only part of the answer
     (a chat template that re-renders it differently) resumes at the prompt's own end (300,
-    ``core.prompt_end_stop``; the block floor 256 without it). The replies equal the same
-    requests from scratch."""
+    ``core.prompt_end_stop``; without it at the breakpoint's 280 below). The replies equal the
+    same requests from scratch."""
     import random
 
     rng = random.Random(23)

@@ -81,7 +81,9 @@ def sibling_stop(
 
     0 for a consumer that extends the producer's whole prompt (``shared_tokens >=
     producer_prompt - 1``: a next turn, an exact repeat, a sibling of ``n`` samples): the
-    producer's prompt-end state (vLLM's checkpoint at ``P - 1``) serves it further, and a stop
+    producer's prompt-end state (at ``P`` for a consumer that extends the prompt,
+    ``policy.prompt_end_stop``, where the pool fits it; vLLM's checkpoint at ``P - 1`` where the
+    last chunk exports it) serves it further, and a stop
     in the producer's last block would cost that checkpoint (the prompt's last chunk exports
     it only when it starts before the block before the last; measured: 768 instead of 829 on
     gen:chat's r7, docs/results/2026-12-07-siblings-clients.md, and ``[0, 640, 640]`` instead

@@ -116,11 +116,6 @@ class CacheControl:
         #: exact junction (``core.exact_junction_stop``) and at their prompt's last block
         #: boundary (``core.prompt_floor_stop``).
         self.exact_junction: Callable[[Any, int], int] | None = None
-        #: Set by the scheduler where a prompt's last chunk runs to the prompt's end instead of
-        #: vLLM's tail checkpoint (``HybridScheduler.drops_prompt_tail_stop``): requests then
-        #: keep a state at their prompt's end too (``core.prompt_end_stop``), for a next turn
-        #: that shares the prompt but not the answer as generated.
-        self.prompt_end_states = False
         #: With ``sibling_wait`` on (the scheduler sets it): the stops where a request should
         #: keep a state for waiting requests that share its prompt further than its hit
         #: (``HybridScheduler._hy_sibling_stops``), given the request and its hit.
@@ -187,7 +182,10 @@ class CacheControl:
                 self.exact_junction(request, max(hit_tokens, junction)),
                 hit_position(junction, self.stop_tokens),
             )
-            if self.prompt_end_states and not self.pins_prompt_end(request):
+            # Where the prompt's last chunk runs past vLLM's tail checkpoint to the prompt's
+            # end (the scheduler's drops_prompt_tail_stop), the state is kept there instead,
+            # for a next turn that shares the prompt but not the answer as generated.
+            if self.scheduler.drops_prompt_tail_stop(request):
                 end = prompt_end_stop(
                     request.num_prompt_tokens, hit_tokens, self.block_tokens, self.stop_tokens
                 )

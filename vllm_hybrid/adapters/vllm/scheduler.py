@@ -232,17 +232,14 @@ class _HybridMixin(SchedulerHooks):
             control.sibling_stops = self._hy_sibling_stops
         # With exact_prompt_end off, at a one-token match unit (auto's), a prompt whose last
         # chunk starts in its last block ends its prefill at the prompt's end, not one token
-        # short of it (compat's extend_past_prompt_tail)...
+        # short of it (compat's extend_past_prompt_tail), and keeps a state there instead
+        # (CacheControl.on_lookup, core.prompt_end_stop).
         self.split_hook_always = (
             self.hybrid_pool is not None
             and bool(getattr(self, "mamba_partial_cache_hit", False))
             and getattr(self, "hash_block_size", None) == 1
             and not load_config(self.vllm_config).exact_prompt_end  # type: ignore[attr-defined]
         )
-        # and keeps a state there instead (core.prompt_end_stop), for a next turn that shares
-        # the prompt but not the answer as generated.
-        if control is not None:
-            control.prompt_end_states = self.split_hook_always
         # vLLM's split itself, bound on the instance, so the hook costs nothing while no
         # sub-block stop is pending (vLLM calls it for every running request at every step;
         # ~1.5% of a 256-request step in bench_scheduler.py); the cache control puts the hook
